@@ -1,0 +1,1 @@
+"""KVScope's desktop app and command line (the only layer that knows about Qt)."""

@@ -1,0 +1,69 @@
+"""The `kvscope` entry point: the window by default, or a terminal subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="GGUF file or HF model folder (default: bundled)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvscope", description="Chat with a local LLM and watch its KV cache."
+    )
+    parser.add_argument("--demo", type=int, default=None, metavar="N", help="run N demo chats")
+    parser.add_argument("--screenshot", default=None, metavar="PNG", help="save the window")
+    sub = parser.add_subparsers(dest="command")
+    gen = sub.add_parser("generate", help="complete one prompt and print it")
+    gen.add_argument("prompt")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    _engine_args(gen)
+    _sampling_args(gen)
+    chat = sub.add_parser("chat", help="a streaming chat in the terminal")
+    chat.add_argument("--system", default=None, help="system prompt")
+    _engine_args(chat)
+    _sampling_args(chat)
+    bench = sub.add_parser("bench", help="benchmark the engine against HF transformers")
+    bench.add_argument("--out", default="bench_out", help="folder for JSON + PNG")
+    bench.add_argument("--num-requests", type=int, default=None)
+    bench.add_argument("--workload", default=None, help="workload JSON (default: bundled)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in ("generate", "chat"):
+        from app import terminal
+
+        return terminal.run(args)
+    if args.command == "bench":
+        from app.bench.run import run_bench
+
+        return run_bench(args)
+    if args.screenshot and not os.environ.get("DISPLAY") and sys.platform.startswith("linux"):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from app.window import run_window
+
+    return run_window(demo=args.demo, screenshot=args.screenshot)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""`kvscope generate` and `kvscope chat`: the engine in a terminal, streaming as it decodes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine import LLM, SamplingParams
+
+
+def _llm(args: argparse.Namespace) -> LLM:
+    return LLM(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        num_kv_blocks=args.num_kv_blocks,
+    )
+
+
+def _params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+
+
+def stream(llm: LLM, prompt: str, params: SamplingParams, out=sys.stdout) -> str:
+    """Run one request through the step API, writing text as it arrives; returns the full text."""
+    engine = llm.engine
+    request_id = f"term-{id(prompt)}"
+    engine.add_request(request_id, prompt, params)
+    shown = 0
+    text = ""
+    try:
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.request_id != request_id:
+                    continue
+                text = output.outputs[0].text
+                out.write(text[shown:])
+                out.flush()
+                shown = len(text)
+    except KeyboardInterrupt:
+        engine.abort_request(request_id)
+        out.write(" [stopped]")
+    out.write("\n")
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        llm = _llm(args)
+        params = _params(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.command == "generate":
+        prompt = args.prompt
+        if args.chat:
+            prompt = llm.engine.apply_chat_template([{"role": "user", "content": prompt}])
+        try:
+            stream(llm, prompt, params)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    return _chat_loop(llm, params, args.system)
+
+
+def _chat_loop(llm: LLM, params: SamplingParams, system: str | None) -> int:
+    messages = [{"role": "system", "content": system}] if system else []
+    print("KVScope chat — empty line or Ctrl-D to quit.")
+    while True:
+        try:
+            user = input("you> ").strip()
+        except EOFError:
+            print()
+            return 0
+        if not user:
+            return 0
+        messages.append({"role": "user", "content": user})
+        sys.stdout.write("assistant> ")
+        try:
+            prompt = llm.engine.apply_chat_template(messages)
+            reply = stream(llm, prompt, params)
+        except ValueError as e:
+            # e.g. the conversation outgrew max_model_len: say so, keep the session alive.
+            print(f"\nerror: {e}", file=sys.stderr)
+            messages.pop()
+            continue
+        messages.append({"role": "assistant", "content": reply})

@@ -1,0 +1,42 @@
+"""The physical KV pool: one preallocated tensor holding every layer's K and V blocks."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.dtype = dtype
+        # One allocation for the whole pool; layers index views of it. `empty` so that pages are
+        # only touched when written (a 1 GiB CPU pool costs nothing until used).
+        self.data = torch.empty(
+            (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim),
+            dtype=dtype,
+            device=device,
+        )
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data[index, 0], self.data[index, 1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    @staticmethod
+    def bytes_per_block(
+        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * elem

@@ -1,0 +1,108 @@
+"""LLM: the friendly offline wrapper, shaped like vLLM's, around one LLMEngine."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine, PromptInput
+from engine.model.loader import LoadedModel
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+Messages = list[dict]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | os.PathLike | LoadedModel | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        kv_cache_dtype: str = "auto",
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int | None = None,
+        enable_prefix_caching: bool = True,
+        allocator: str = "paged",
+        seed: int = 0,
+    ) -> None:
+        # A LoadedModel lets callers (the app's settings, tests) rebuild an engine with new knobs
+        # without reading the weights from disk again.
+        loaded = model if isinstance(model, LoadedModel) else None
+        self.config = EngineConfig(
+            model=loaded.source if loaded else model,
+            device=device,
+            dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            num_kv_blocks=num_kv_blocks,
+            kv_cache_memory=kv_cache_memory,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+            allocator=allocator,
+            seed=seed,
+        )
+        self.engine = LLMEngine(self.config, loaded)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptInput | list[PromptInput],
+        params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion with continuous batching; outputs come back in input order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
+            raise ValueError("prompts is empty")
+        if isinstance(params, list):
+            if len(params) != len(prompts):
+                raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+            per_prompt = params
+        else:
+            per_prompt = [params or SamplingParams()] * len(prompts)
+        return self._run(list(zip(prompts, per_prompt, strict=True)))
+
+    def chat(
+        self,
+        messages: Messages | list[Messages],
+        params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template (with the assistant turn opened) and generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.engine.apply_chat_template(c) for c in conversations]
+        return self.generate(prompts, params)
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    def _run(self, work: list[tuple[PromptInput, SamplingParams]]) -> list[RequestOutput]:
+        ids = []
+        try:
+            for prompt, params in work:
+                request_id = f"llm-{next(self._ids)}"
+                self.engine.add_request(request_id, prompt, params)
+                ids.append(request_id)
+            final: dict[str, RequestOutput] = {}
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        final[out.request_id] = out
+        except BaseException:
+            # Leave the engine clean for the next call: nothing half-added keeps its blocks.
+            for request_id in ids:
+                self.engine.abort_request(request_id)
+            raise
+        return [final[i] for i in ids]

@@ -1,0 +1,250 @@
+"""LLMEngine: add_request / step / abort over the scheduler, the model runner and the sampler."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+
+import torch
+
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kv.block_manager import BlockManager
+from engine.kv.kv_cache import KVCache
+from engine.memory_profile import size_kv_pool
+from engine.model.llama import LlamaModel
+from engine.model.loader import LoadedModel, load_model
+from engine.model.sampler import Sampler, SamplingRow
+from engine.model_runner import ModelRunner
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Request, Sequence, SequenceStatus
+
+PromptInput = str | list[int]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        loaded = loaded or load_model(config.model)
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.model_source = loaded.source
+        mc = loaded.config
+        if config.max_model_len is not None and config.max_model_len > mc.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds the model's context length "
+                f"{mc.max_position_embeddings}"
+            )
+        self.max_model_len = config.max_model_len or mc.max_position_embeddings
+        device, dtype = config.torch_device, config.torch_dtype
+        self.model = LlamaModel(mc, loaded.weights, dtype, device, self.max_model_len)
+        num_blocks = size_kv_pool(config, mc, self.model)
+        self.kv_cache = KVCache(
+            mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim,
+            config.kv_torch_dtype, device,
+        )
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.batched_tokens_limit
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager)
+        self.generator = torch.Generator(device=device).manual_seed(config.seed)
+        self.sampler = Sampler(self.generator)
+        # A sequence may not outgrow the pool: capping here is what keeps preemption deadlock-free.
+        self.max_seq_len = min(self.max_model_len, num_blocks * config.block_size)
+        self.requests: dict[str, Request] = {}
+        self.eos_token_ids = set(mc.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.num_steps = 0
+
+    # ---- requests ------------------------------------------------------------------------
+    def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        ids = list(prompt)
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        return None, ids
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        if not messages:
+            raise ValueError("chat messages are empty")
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"chat message {m!r} needs 'role' and 'content'")
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError("prompt is empty after tokenization")
+        if len(ids) + 1 > self.max_model_len:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens leaves no room to generate: "
+                f"prompt + 1 must be <= max_model_len {self.max_model_len}"
+            )
+        if len(ids) + 1 > self.max_seq_len:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens cannot fit the KV pool: prompt + 1 must be <= "
+                f"{self.max_seq_len} tokens ({self.block_manager.num_blocks} blocks of "
+                f"{self.config.block_size})"
+            )
+        request = Request(
+            request_id, text, ids, params, RequestMetrics(arrival_time or time.time())
+        )
+        for index in range(params.n):
+            request.sequences.append(
+                Sequence(
+                    request=request,
+                    index=index,
+                    token_ids=list(ids),
+                    detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
+                    generator=self._sample_generator(params.seed, index),
+                    logprobs=[] if params.logprobs is not None else None,
+                )
+            )
+        self.requests[request_id] = request
+        for seq in request.sequences:
+            self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks; returns its final output (None if unknown)."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        for seq in request.sequences:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+        request.metrics.finished_time = time.time()
+        return self._make_output(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- stepping ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample; returns outputs of requests that progressed."""
+        batch = self.scheduler.schedule()
+        if not batch.items:
+            return []
+        self.num_steps += 1
+        now = time.time()
+        for seq, _ in batch.items:
+            if seq.request.metrics.first_scheduled_time is None:
+                seq.request.metrics.first_scheduled_time = now
+        seqs, logits = self.runner.execute(batch.items)
+        touched: dict[str, Request] = {}
+        if seqs:
+            rows = [SamplingRow(s.request.params, s.token_ids, s.generator) for s in seqs]
+            results = self.sampler(logits, rows)
+            now = time.time()
+            for seq, result in zip(seqs, results, strict=True):
+                self._append_token(seq, result, now)
+                touched[seq.request.request_id] = seq.request
+        outputs = []
+        for request in touched.values():
+            outputs.append(self._make_output(request))
+            if request.is_finished:
+                request.metrics.finished_time = now
+                del self.requests[request.request_id]
+        return outputs
+
+    def _append_token(self, seq: Sequence, result, now: float) -> None:
+        params = seq.request.params
+        token = result.token_id
+        seq.token_ids.append(token)
+        seq.cumulative_logprob += result.logprob
+        if seq.logprobs is not None:
+            seq.logprobs.append(result.top_logprobs)
+        if seq.request.metrics.first_token_time is None:
+            seq.request.metrics.first_token_time = now
+        delta = seq.detokenizer.step([token])
+        reason = None
+        if token in params.stop_token_ids:
+            reason, seq.stop_reason = "stop", token
+        elif token in self.eos_token_ids and not params.ignore_eos:
+            reason = "stop"
+        elif delta and params.stop:
+            hit = seq.request.stop_checker.find(seq.detokenizer.output_text, len(delta))
+            if hit is not None:
+                reason, seq.stop_reason, seq.text_end = "stop", hit.stop, hit.index
+        if reason is None and (
+            seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_seq_len
+        ):
+            reason = "length"
+        if reason is not None:
+            if seq.text_end is None:
+                seq.detokenizer.flush()  # a character cut off by max_tokens still shows up
+            seq.finish_reason = reason
+            self.scheduler.finish(seq)
+
+    def _make_output(self, request: Request) -> RequestOutput:
+        completions = []
+        for seq in request.sequences:
+            completions.append(
+                CompletionOutput(
+                    index=seq.index,
+                    text=seq.visible_text,
+                    token_ids=list(seq.output_token_ids),
+                    finish_reason=seq.finish_reason,
+                    logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+                    stop_reason=seq.stop_reason,
+                    cumulative_logprob=seq.cumulative_logprob,
+                )
+            )
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=list(request.prompt_token_ids),
+            outputs=completions,
+            finished=request.is_finished,
+            num_cached_tokens=request.num_cached_tokens,
+            metrics=request.metrics,
+        )
+
+    def _sample_generator(self, seed: int | None, index: int) -> torch.Generator | None:
+        if seed is None:
+            return None
+        # Each of the n samples gets its own reproducible stream.
+        return torch.Generator(device=self.model.device).manual_seed(seed * 1_000_003 + index)
+
+    # ---- introspection -------------------------------------------------------------------
+    def stats(self) -> dict:
+        bm = self.block_manager
+        running = self.scheduler.running
+        return {
+            "kv_block_size": bm.block_size,
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_used": bm.num_used_blocks,
+            "kv_blocks_free": bm.num_free_blocks,
+            "kv_blocks_cached": 0,
+            "kv_tokens_stored": sum(s.num_computed_tokens for s in running),
+            "kv_cache_bytes": self.kv_cache.nbytes,
+            "num_running": len(running),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_preemptions": self.scheduler.num_preemptions,
+            "peak_num_running": self.scheduler.peak_num_running,
+            "prefix_cache_query_tokens": 0,
+            "prefix_cache_hit_tokens": 0,
+            "max_model_len": self.max_model_len,
+            "num_steps": self.num_steps,
+        }

@@ -1,0 +1,64 @@
+"""What one forward step's attention needs to know: the flat tensors the kernels consume."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+
+
+@dataclass
+class AttentionMetadata:
+    """Tokens are laid out decodes first (one per sequence), then prefill chunks back to back."""
+
+    slot_mapping: torch.Tensor  # [T] int64, flat cache slot of each new token
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None  # [Bd, M] int32
+    decode_seq_lens: torch.Tensor | None  # [Bd] int32, context length incl. the new token
+    prefill_block_tables: torch.Tensor | None  # [Bp, M] int32
+    prefill_query_start_loc: torch.Tensor | None  # [Bp + 1] int32
+    prefill_seq_lens: torch.Tensor | None  # [Bp] int32, prefix + new tokens
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Store this step's K/V into the pool, then attend through block tables. Returns [T, Hq, D]."""
+    kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    nd = meta.num_decode_tokens
+    if nd == q.shape[0]:
+        return kernels.paged_decode_attention(
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
+        )
+    if nd == 0:
+        return kernels.paged_prefill_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.prefill_block_tables,
+            meta.prefill_query_start_loc,
+            meta.prefill_seq_lens,
+            scale,
+        )
+    out = torch.empty_like(q)
+    out[:nd] = kernels.paged_decode_attention(
+        q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
+    )
+    out[nd:] = kernels.paged_prefill_attention(
+        q[nd:],
+        k_cache,
+        v_cache,
+        meta.prefill_block_tables,
+        meta.prefill_query_start_loc,
+        meta.prefill_seq_lens,
+        scale,
+    )
+    return out
