@@ -58,7 +58,9 @@ class EngineWorker(QObject):
         for prompt in prompts:
             self._counter += 1
             messages = [{"role": "user", "content": prompt}]
-            engine.add_request(f"chat-{self._counter}", engine.apply_chat_template(messages), params)
+            engine.add_request(
+                f"chat-{self._counter}", engine.apply_chat_template(messages), params
+            )
         while engine.has_unfinished_requests():
             for out in engine.step():
                 self.text.emit(out.request_id, out.outputs[0].text)
@@ -145,6 +147,7 @@ def run_window(demo: int | None = None, screenshot: str | None = None) -> int:
     window = MainWindow()
     window.show()
     if demo:
+
         def start_demo() -> None:
             window.ask(_demo_prompts(demo))
 

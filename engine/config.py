@@ -50,7 +50,9 @@ class EngineConfig:
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
-            raise ValueError(f"kv_cache_memory must be a positive byte count, got {self.kv_cache_memory}")
+            raise ValueError(
+                f"kv_cache_memory must be a positive byte count, got {self.kv_cache_memory}"
+            )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
@@ -86,7 +88,7 @@ class EngineConfig:
 
     @property
     def batched_tokens_limit(self) -> int:
-        """Tokens per step; smaller on CPU so a long prompt's chunk cannot stall decodes for long."""
+        """Tokens per step; smaller on CPU so one prompt chunk cannot stall decodes for long."""
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         default = 512 if self.torch_device.type == "cpu" else 4096

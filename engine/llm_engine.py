@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence as Seq
 
 import torch
 
@@ -19,7 +18,7 @@ from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import Request, Sequence, SequenceStatus
+from engine.sequence import Request, Sequence
 
 PromptInput = str | list[int]
 
@@ -42,8 +41,13 @@ class LLMEngine:
         self.model = LlamaModel(mc, loaded.weights, dtype, device, self.max_model_len)
         num_blocks = size_kv_pool(config, mc, self.model)
         self.kv_cache = KVCache(
-            mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim,
-            config.kv_torch_dtype, device,
+            mc.num_layers,
+            num_blocks,
+            config.block_size,
+            mc.num_kv_heads,
+            mc.head_dim,
+            config.kv_torch_dtype,
+            device,
         )
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(
@@ -225,7 +229,8 @@ class LLMEngine:
         if seed is None:
             return None
         # Each of the n samples gets its own reproducible stream.
-        return torch.Generator(device=self.model.device).manual_seed(seed * 1_000_003 + index)
+        stream = (seed * 1_000_003 + index) & (2**63 - 1)  # any int seed maps into range
+        return torch.Generator(device=self.model.device).manual_seed(stream)
 
     # ---- introspection -------------------------------------------------------------------
     def stats(self) -> dict:

@@ -36,7 +36,7 @@ def size_kv_pool(config: EngineConfig, mc: ModelConfig, model: LlamaModel) -> in
 
 
 def _cuda_kv_budget(config: EngineConfig, model: LlamaModel) -> int:
-    """gpu_memory_utilization x total, minus the peak of a real full-size step (weights included)."""
+    """gpu_memory_utilization x total, minus the peak of a real full-size step and the weights."""
     device = config.torch_device
     mc = model.cfg
     num_tokens = min(config.batched_tokens_limit, model.rope.cos.shape[0])

@@ -40,9 +40,7 @@ def store_kv_torch(
     flat_v.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def gather_kv(
-    cache: torch.Tensor, block_table: torch.Tensor, length: int
-) -> torch.Tensor:
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` tokens of one sequence's K or V, contiguous: [length, Hkv, D]."""
     bs = cache.shape[1]
     num_blocks = (length + bs - 1) // bs

@@ -23,6 +23,21 @@ def default_model():
 
 
 @pytest.fixture(scope="session")
+def hf_default():
+    """HF transformers' own load of the bundled GGUF in float32: the parity reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.model.loader import default_model_path
+
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
 def default_llm(default_model):
     """A default-configured engine shared by tests that leave it as they found it."""
     from engine import LLM

@@ -17,8 +17,9 @@ def _scatter_cache(seqs_k, seqs_v, block_size, num_blocks, hkv, d, seed=0):
     for k, v in zip(seqs_k, seqs_v, strict=True):
         n_blocks = -(-k.shape[0] // block_size)
         table = [perm.pop() for _ in range(n_blocks)]
-        slots = torch.tensor([table[p // block_size] * block_size + p % block_size
-                              for p in range(k.shape[0])])
+        slots = torch.tensor(
+            [table[p // block_size] * block_size + p % block_size for p in range(k.shape[0])]
+        )
         kernels.store_kv(k, v, k_cache, v_cache, slots)
         tables.append(table)
     width = max(len(t) for t in tables)
@@ -86,6 +87,10 @@ def test_store_kv_skips_padding_slots():
 def test_unknown_backend_is_rejected():
     with pytest.raises(ValueError, match="backend"):
         kernels.store_kv(
-            torch.ones(1, 1, 2), torch.ones(1, 1, 2), torch.zeros(1, 4, 1, 2),
-            torch.zeros(1, 4, 1, 2), torch.tensor([0]), backend="cuda-magic",
+            torch.ones(1, 1, 2),
+            torch.ones(1, 1, 2),
+            torch.zeros(1, 4, 1, 2),
+            torch.zeros(1, 4, 1, 2),
+            torch.tensor([0]),
+            backend="cuda-magic",
         )

@@ -2,21 +2,13 @@
 
 import pytest
 import torch
+from tiny_models import make_tiny_model
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from engine.model.loader import default_model_path
-from tests.tiny_models import make_tiny_model
 
 NUM_PROMPTS = 10
 GREEDY_TOKENS = 32
-
-
-@pytest.fixture(scope="module")
-def hf_default():
-    path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -76,7 +76,7 @@ class BlockManager:
         return new_ids
 
     def free(self, seq_id: int) -> list[int]:
-        """Drop the sequence's table; blocks whose ref count reaches zero return to the free list."""
+        """Drop the sequence's table; blocks whose ref count hits zero return to the free list."""
         table = self.tables.pop(seq_id, [])
         released = []
         # Tail blocks first, so a later prefix cache evicts a sequence's end before its start.
@@ -90,7 +90,7 @@ class BlockManager:
 
     # ---- invariants ----------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Raise AssertionError unless the bookkeeping is exact (tests call this after scenarios)."""
+        """Raise AssertionError unless the bookkeeping is exact (tests call it after scenarios)."""
         refs = [0] * self.num_blocks
         for seq_id, table in self.tables.items():
             assert len(set(table)) == len(table), f"sequence {seq_id} maps a block twice: {table}"

@@ -113,7 +113,7 @@ class LlamaModel:
         return F.linear(hidden, self.lm_head).float()
 
     def weight_bytes(self) -> int:
-        tensors = [self.embed, self.norm, *( [] if self.lm_head is self.embed else [self.lm_head])]
+        tensors = [self.embed, self.norm, *([] if self.lm_head is self.embed else [self.lm_head])]
         for layer in self.layers:
             tensors += [layer.input_norm, layer.post_norm, layer.qkv, layer.o_proj]
             tensors += [layer.gate_up, layer.down]

@@ -1,0 +1,141 @@
+"""HF model folder (config.json, *.safetensors, tokenizer files) -> config, weights, tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from engine.model.loader import LoadedModel, check_weights, turn_end_token_ids
+from engine.model.model_config import ModelConfig
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+def load_hf_folder(path: Path) -> LoadedModel:
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model folder does not exist: {path}")
+    hf = _read_json(path / "config.json")
+    arch = _architecture(hf, path)
+    tokenizer = _tokenizer(path)
+    try:
+        config = _config(hf, arch, _eos_ids(hf, path, tokenizer), path)
+    except KeyError as e:
+        raise ValueError(f"{path / 'config.json'} lacks the key {e}") from e
+    weights = _weights(path)
+    # Rotary tables are recomputed from the config; a tied head is the embedding itself.
+    weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    check_weights(config, weights, str(path))
+    return LoadedModel(config, weights, tokenizer, source=str(path), kind="hf")
+
+
+def _read_json(file: Path) -> dict:
+    if not file.is_file():
+        raise ValueError(f"{file} is missing; an HF model folder needs it")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON: {e}") from e
+
+
+def _architecture(hf: dict, path: Path) -> str:
+    name = (hf.get("architectures") or ["<none>"])[0]
+    if name not in ARCHITECTURES:
+        raise ValueError(
+            f"{path}: architecture {name!r} is not supported "
+            f"(supported: {', '.join(ARCHITECTURES)})"
+        )
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{path}: hidden_act {hf['hidden_act']!r} is not supported (only silu)")
+    return ARCHITECTURES[name]
+
+
+def _config(hf: dict, arch: str, eos_token_ids: tuple[int, ...], path: Path) -> ModelConfig:
+    heads = hf["num_attention_heads"]
+    rope_theta, rope_scaling = _rope(hf)
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=rope_theta,
+        max_position_embeddings=_attention_span(hf, arch),
+        tie_word_embeddings=hf.get("tie_word_embeddings", False),
+        rope_scaling=rope_scaling,
+        # Qwen2 always has q/k/v biases; its config has no switch for them.
+        attention_bias=arch == "qwen2" or hf.get("attention_bias", False),
+        qk_norm=arch == "qwen3",
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=eos_token_ids,
+        name=path.name,
+    )
+
+
+def _rope(hf: dict) -> tuple[float, dict | None]:
+    """rope_theta and HF-style rope_scaling, from transformers-5 `rope_parameters` or older keys."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(params.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    return theta, None if rope_type == "default" else {"rope_type": rope_type, **params}
+
+
+def _attention_span(hf: dict, arch: str) -> int:
+    """Max positions; capped at a sliding window, within which full attention is exact."""
+    window = hf.get("sliding_window")
+    # Mistral slides whenever a window is set; Qwen only with use_sliding_window.
+    slides = window is not None and (arch == "mistral" or hf.get("use_sliding_window", False))
+    return min(hf["max_position_embeddings"], window) if slides else hf["max_position_embeddings"]
+
+
+def _ids(value: int | list[int] | None) -> list[int]:
+    return [] if value is None else [value] if isinstance(value, int) else list(value)
+
+
+def _eos_ids(hf: dict, path: Path, tokenizer) -> tuple[int, ...]:
+    """config.json's eos, generation_config.json's (often a list), and the chat turn end."""
+    generation = path / "generation_config.json"
+    eos = _ids(hf.get("eos_token_id"))
+    if generation.is_file():
+        eos += _ids(_read_json(generation).get("eos_token_id"))
+    eos += turn_end_token_ids(tokenizer.get_vocab(), tokenizer.chat_template)
+    return tuple(dict.fromkeys(eos))
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({path / f for f in _read_json(index)["weight_map"].values()})
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} has no *.safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            weights |= load_file(file)  # keeps the checkpoint's dtype; the engine casts later
+        except Exception as e:  # safetensors raises its own error type for a damaged header
+            raise ValueError(f"{file} is not a readable safetensors file: {e}") from e
+    return weights
+
+
+def _tokenizer(path: Path):
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # transformers raises many types for missing/odd tokenizer files
+        raise ValueError(f"{path}: cannot load the tokenizer: {e}") from e

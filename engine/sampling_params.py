@@ -1,0 +1,105 @@
+"""What a request asks of generation: SamplingParams and BeamSearchParams, validated once here."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MAX_LOGPROBS = 20
+# torch.Generator.manual_seed accepts exactly this range; checking here keeps a bad seed from
+# failing later, inside an engine step.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+GREEDY_TEMPERATURE = 1e-5
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but max_tokens=True is a bug, not a count.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
+    if not _is_int(value) or value < low or (high is not None and value > high):
+        allowed = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an int {allowed}, got {value!r}")
+
+
+def _check_number(name: str, value: object, ok: Callable[[float], bool], allowed: str) -> None:
+    is_number = _is_int(value) or isinstance(value, float)
+    if not is_number or not math.isfinite(value) or not ok(value):
+        raise ValueError(f"{name} must be a finite number {allowed}, got {value!r}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def _stop_list(value: object) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if items is None:
+        return []
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
+        raise ValueError(f"stop must be None, a non-empty str or a list of them, got {value!r}")
+    return list(items)
+
+
+def _token_id_list(value: object) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in value):
+        raise ValueError(f"stop_token_ids must be None or a list of ints >= 0, got {value!r}")
+    return list(value)
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 (or 0, normalized to -1) disables top-k
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | None = None  # normalized to a list, [] when None
+    stop_token_ids: list[int] | None = None  # normalized to a list, [] when None
+    ignore_eos: bool = False
+    n: int = 1
+    logprobs: int | None = None  # top raw logprobs per token; 0 = the sampled token only
+
+    def __post_init__(self) -> None:
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_number("temperature", self.temperature, lambda v: v >= 0, ">= 0")
+        _check_number("top_p", self.top_p, lambda v: 0 < v <= 1, "in (0, 1]")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 or 0 (disabled) or an int >= 1, got {self.top_k!r}")
+        if self.top_k == 0:
+            self.top_k = -1
+        _check_number("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1]")
+        _check_number("repetition_penalty", self.repetition_penalty, lambda v: v > 0, "> 0")
+        if self.seed is not None:
+            _check_int("seed", self.seed, *SEED_RANGE)
+        self.stop = _stop_list(self.stop)
+        self.stop_token_ids = _token_id_list(self.stop_token_ids)
+        _check_bool("ignore_eos", self.ignore_eos)
+        _check_int("n", self.n, 1)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+@dataclass
+class BeamSearchParams:
+    beam_width: int = 4
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    length_penalty: float = 1.0  # beams rank by cum_logprob / length ** length_penalty
+
+    def __post_init__(self) -> None:
+        _check_int("beam_width", self.beam_width, 1)
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_bool("ignore_eos", self.ignore_eos)
+        _check_number("length_penalty", self.length_penalty, lambda v: True, "of any sign")
