@@ -30,8 +30,9 @@ def _params(args: argparse.Namespace) -> SamplingParams:
     )
 
 
-def stream(llm: LLM, prompt: str, params: SamplingParams, out=sys.stdout) -> str:
+def stream(llm: LLM, prompt: str, params: SamplingParams, out=None) -> str:
     """Run one request through the step API, writing text as it arrives; returns the full text."""
+    out = out or sys.stdout
     engine = llm.engine
     request_id = f"term-{id(prompt)}"
     engine.add_request(request_id, prompt, params)

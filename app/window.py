@@ -71,6 +71,10 @@ class EngineWorker(QObject):
 
 class MainWindow(QMainWindow):
     submit = Signal(list)
+    # Re-emitted on the GUI thread, so plain callables connected to them run there too.
+    model_ready = Signal()
+    model_failed = Signal(str)
+    all_replies_done = Signal()
 
     def __init__(self) -> None:
         super().__init__()
@@ -95,7 +99,7 @@ class MainWindow(QMainWindow):
         self.worker.moveToThread(self.thread_)
         self.thread_.started.connect(self.worker.load)
         self.worker.ready.connect(self._on_ready)
-        self.worker.failed.connect(lambda msg: self.status.setText(f"Model failed to load: {msg}"))
+        self.worker.failed.connect(self._on_failed)
         self.worker.text.connect(self._on_text)
         self.worker.stats.connect(self._on_stats)
         self.worker.finished.connect(self._on_finished)
@@ -118,6 +122,11 @@ class MainWindow(QMainWindow):
     def _on_ready(self, source: str) -> None:
         self.status.setText(f"Model: {source}")
         self.prompt.setEnabled(True)
+        self.model_ready.emit()
+
+    def _on_failed(self, message: str) -> None:
+        self.status.setText(f"Model failed to load: {message}")
+        self.model_failed.emit(message)
 
     def _on_text(self, request_id: str, text: str) -> None:
         self.replies[request_id] = text
@@ -125,6 +134,8 @@ class MainWindow(QMainWindow):
     def _on_finished(self, request_id: str) -> None:
         self.open_requests -= 1
         self.transcript.appendPlainText(f"assistant ({request_id}): {self.replies[request_id]}\n")
+        if self.open_requests == 0:
+            self.all_replies_done.emit()
 
     def _on_stats(self, stats: dict) -> None:
         self.pool.setMaximum(stats["kv_blocks_total"])
@@ -151,14 +162,14 @@ def run_window(demo: int | None = None, screenshot: str | None = None) -> int:
         def start_demo() -> None:
             window.ask(_demo_prompts(demo))
 
-        def check_done() -> None:
-            if window.open_requests == 0:
-                if screenshot:
-                    window.grab().save(screenshot)
-                window.close()
-                app.quit()
+        def finish_demo() -> None:
+            if screenshot:
+                window.grab().save(screenshot)
+            window.close()
+            app.quit()
 
-        window.worker.ready.connect(start_demo)
-        window.worker.failed.connect(lambda _msg: app.exit(1))
-        window.worker.finished.connect(lambda _rid: QTimer.singleShot(100, check_done))
+        window.model_ready.connect(start_demo)
+        window.model_failed.connect(lambda _msg: app.exit(1))
+        # A short delay lets the last reply paint before the grab.
+        window.all_replies_done.connect(lambda: QTimer.singleShot(100, finish_demo))
     return app.exec()

@@ -1,0 +1,62 @@
+"""The `kvscope` command line: generate, chat and the demo window, as a user runs them."""
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from app import terminal
+from app.cli import build_parser
+
+
+def _args(argv):
+    return build_parser().parse_args(argv)
+
+
+@pytest.fixture()
+def patched_llm(monkeypatch, default_model):
+    """The CLI builds its own LLM from a path; hand it the session's preloaded model instead."""
+    real = terminal._llm
+
+    def with_loaded(args):
+        args.model = default_model
+        return real(args)
+
+    monkeypatch.setattr(terminal, "_llm", with_loaded)
+
+
+def test_generate_streams_the_completion(patched_llm, capsys):
+    args = _args(["generate", "What is the capital of France?", "--chat", "--max-tokens", "12"])
+    assert terminal.run(args) == 0
+    assert "Paris" in capsys.readouterr().out
+
+
+def test_generate_reports_bad_input_without_a_traceback(patched_llm, capsys):
+    assert terminal.run(_args(["generate", "", "--max-tokens", "4"])) == 2
+    assert "error: prompt is empty" in capsys.readouterr().err
+
+
+def test_bad_sampling_flag_is_a_clear_error(patched_llm, capsys):
+    assert terminal.run(_args(["generate", "hi", "--temperature", "-1"])) == 2
+    assert "temperature" in capsys.readouterr().err
+
+
+def test_chat_keeps_the_conversation(patched_llm, monkeypatch, capsys):
+    lines = io.StringIO("My name is Ada.\nWhat is my name?\n\n")
+    monkeypatch.setattr("sys.stdin", lines)
+    args = _args(["chat", "--max-tokens", "16"])
+    assert terminal.run(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("assistant> ") == 2
+    assert "Ada" in out.split("assistant> ")[2]  # the second turn saw the first
+
+
+def test_demo_window_saves_a_screenshot(tmp_path):
+    png = tmp_path / "window.png"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "KVSCOPE_DATA_DIR": str(tmp_path)}
+    cmd = [sys.executable, "-m", "app.cli", "--demo", "2", "--screenshot", str(png)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
