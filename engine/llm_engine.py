@@ -49,7 +49,12 @@ class LLMEngine:
             config.kv_torch_dtype,
             device,
         )
-        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.block_manager = BlockManager(
+            num_blocks,
+            config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            cache_salt=f"{loaded.source}|{config.kv_torch_dtype}".encode(),
+        )
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.batched_tokens_limit
         )
@@ -155,7 +160,10 @@ class LLMEngine:
         for seq, _ in batch.items:
             if seq.request.metrics.first_scheduled_time is None:
                 seq.request.metrics.first_scheduled_time = now
-        seqs, logits = self.runner.execute(batch.items)
+        seqs, logits = self.runner.execute(batch.items, batch.block_copies)
+        for seq, _ in batch.items:
+            # Before sampling may finish (and free) it: a finished prompt stays reusable.
+            self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
         touched: dict[str, Request] = {}
         if seqs:
             rows = [SamplingRow(s.request.params, s.token_ids, s.generator) for s in seqs]
@@ -241,15 +249,17 @@ class LLMEngine:
             "kv_blocks_total": bm.num_blocks,
             "kv_blocks_used": bm.num_used_blocks,
             "kv_blocks_free": bm.num_free_blocks,
-            "kv_blocks_cached": 0,
+            "kv_blocks_cached": bm.num_cached_blocks,
             "kv_tokens_stored": sum(s.num_computed_tokens for s in running),
             "kv_cache_bytes": self.kv_cache.nbytes,
             "num_running": len(running),
             "num_waiting": len(self.scheduler.waiting),
             "num_preemptions": self.scheduler.num_preemptions,
             "peak_num_running": self.scheduler.peak_num_running,
-            "prefix_cache_query_tokens": 0,
-            "prefix_cache_hit_tokens": 0,
+            "prefix_cache_query_tokens": self.scheduler.prefix_query_tokens,
+            "prefix_cache_hit_tokens": self.scheduler.prefix_hit_tokens,
+            "prefix_cache_evictions": bm.num_evictions,
+            "kv_cow_copies": bm.num_cow_copies,
             "max_model_len": self.max_model_len,
             "num_steps": self.num_steps,
         }

@@ -22,8 +22,11 @@ class ModelRunner:
         self.block_manager = block_manager
         self.device = model.device
 
-    def execute(self, items: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
+    def execute(
+        self, items: list[tuple[Sequence, int]], block_copies: list[tuple[int, int]]
+    ) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step. Returns the sequences that reached their last token and their logits."""
+        self.kv_cache.copy_blocks(block_copies)
         decodes = [(s, n) for s, n in items if n == 1]
         prefills = [(s, n) for s, n in items if n > 1]
         ordered = decodes + prefills

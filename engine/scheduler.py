@@ -21,6 +21,8 @@ class ScheduledBatch:
     # (sequence, tokens to compute this step), in the order the model runner lays them out.
     items: list[tuple[Sequence, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # (src, dst) physical block copies to perform before the step: copy-on-write of shared blocks.
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -36,6 +38,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.peak_num_running = 0
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -59,7 +63,8 @@ class Scheduler:
             target = seq.num_computed_tokens + num_new
             # The engine caps every sequence at the pool's size, so this loop always ends: at
             # worst `seq` preempts itself and waits for the sequences scheduled before it.
-            while not bm.can_grow(seq.seq_id, target):
+            write_from = seq.num_computed_tokens
+            while not bm.can_grow(seq.seq_id, target, write_from):
                 victim = self._newest_running(exclude=scheduled_ids)
                 self._preempt(victim)
                 batch.preempted.append(victim)
@@ -67,7 +72,7 @@ class Scheduler:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            bm.grow(seq.seq_id, target)
+            batch.block_copies += bm.grow(seq.seq_id, target, write_from)
             batch.items.append((seq, num_new))
             scheduled_ids.add(seq.seq_id)
             budget -= num_new
@@ -80,11 +85,19 @@ class Scheduler:
             and len(self.running) < self.max_num_seqs
         ):
             seq = self.waiting[0]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not bm.can_grow(seq.seq_id, seq.num_computed_tokens + num_new):
+            match = bm.match_prefix(seq.token_ids)
+            num_cached = len(match.block_ids) * bm.block_size
+            num_new = min(seq.num_tokens - num_cached, budget)
+            if not bm.can_adopt(match, num_cached + num_new):
                 break
             self.waiting.popleft()
-            bm.grow(seq.seq_id, seq.num_computed_tokens + num_new)
+            bm.adopt(seq.seq_id, match)
+            bm.grow(seq.seq_id, num_cached + num_new)
+            seq.num_computed_tokens = num_cached
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = num_cached
+            self.prefix_query_tokens += seq.num_tokens
+            self.prefix_hit_tokens += num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.items.append((seq, num_new))

@@ -34,6 +34,7 @@ class Sequence:
     generator: torch.Generator | None
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
     num_computed_tokens: int = 0
+    num_cached_tokens: int | None = None  # prefix-cache hit at first admission
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None
@@ -79,7 +80,6 @@ class Request:
     params: SamplingParams
     metrics: RequestMetrics
     sequences: list[Sequence] = field(default_factory=list)
-    num_cached_tokens: int = 0
     stop_checker: StopChecker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -88,3 +88,8 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return all(s.is_finished for s in self.sequences)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache when the request was first admitted."""
+        return self.sequences[0].num_cached_tokens or 0

@@ -9,9 +9,12 @@ from engine.kv.block_manager import BlockManager, NoFreeBlocksError
 
 def test_blocks_are_allocated_one_at_a_time_as_a_sequence_grows():
     bm = BlockManager(num_blocks=8, block_size=4)
-    assert bm.grow(1, 4) == [0]
-    assert bm.grow(1, 4) == []  # still fits in the first block
-    assert bm.grow(1, 5) == [1]
+    bm.grow(1, 4)
+    assert bm.table(1) == [0]
+    bm.grow(1, 4)  # still fits in the first block
+    assert bm.table(1) == [0]
+    bm.grow(1, 5)
+    assert bm.table(1) == [0, 1]
     assert bm.slot(1, 5) == 1 * 4 + 1
     assert bm.num_used_blocks == 2
     bm.check_invariants()

@@ -44,13 +44,22 @@ def test_bad_sampling_flag_is_a_clear_error(patched_llm, capsys):
 
 
 def test_chat_keeps_the_conversation(patched_llm, monkeypatch, capsys):
-    lines = io.StringIO("My name is Ada.\nWhat is my name?\n\n")
-    monkeypatch.setattr("sys.stdin", lines)
-    args = _args(["chat", "--max-tokens", "16"])
-    assert terminal.run(args) == 0
+    prompts, real_stream = [], terminal.stream
+
+    def recording_stream(llm, prompt, params, out=None):
+        prompts.append(prompt)
+        return real_stream(llm, prompt, params, out)
+
+    monkeypatch.setattr(terminal, "stream", recording_stream)
+    monkeypatch.setattr("sys.stdin", io.StringIO("My name is Ada.\nWhat is my name?\n\n"))
+    assert terminal.run(_args(["chat", "--max-tokens", "16", "--system", "Be brief."])) == 0
     out = capsys.readouterr().out
     assert out.count("assistant> ") == 2
-    assert "Ada" in out.split("assistant> ")[2]  # the second turn saw the first
+    first_reply = out.split("assistant> ")[1].split("\nyou> ")[0].strip()
+    # The second turn's prompt carries the system prompt, the first exchange and the new question.
+    second = prompts[1]
+    assert second.index("Be brief.") < second.index("My name is Ada.") < second.index(first_reply)
+    assert second.index(first_reply) < second.index("What is my name?")
 
 
 def test_demo_window_saves_a_screenshot(tmp_path):

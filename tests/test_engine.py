@@ -67,9 +67,16 @@ def test_chunked_prefill_gives_the_same_tokens(default_model, prompts, reference
     _assert_clean(llm)
 
 
-def test_preemption_by_recompute_keeps_outputs(default_model, prompts, reference):
-    # Two ~40-token prompts fit 7 blocks of 16 at admission but not once each grows by 12.
-    llm = LLM(model=default_model, device="cpu", block_size=16, num_kv_blocks=7)
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_preemption_by_recompute_keeps_outputs(default_model, prompts, reference, prefix_caching):
+    # Four ~40-token prompts growing by 12 need 16 blocks of 16; six force preemptions.
+    llm = LLM(
+        model=default_model,
+        device="cpu",
+        block_size=16,
+        num_kv_blocks=6,
+        enable_prefix_caching=prefix_caching,
+    )
     outs = llm.generate(prompts, GREEDY)
     assert llm.stats()["num_preemptions"] > 0
     assert _tokens(outs) == reference

@@ -30,6 +30,13 @@ class KVCache:
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[index, 0], self.data[index, 1]
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole blocks (every layer, K and V) from src to dst: copy-on-write."""
+        if pairs:
+            src = torch.tensor([s for s, _ in pairs], device=self.data.device)
+            dst = torch.tensor([d for _, d in pairs], device=self.data.device)
+            self.data[:, :, dst] = self.data[:, :, src]
+
     @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()

@@ -5,14 +5,17 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
 import torch
 from transformers import AutoTokenizer
 
+from engine.model.gguf_file import GGUFFile, GGUFTensor, read_gguf
 from engine.model.loader import LoadedModel, check_weights, turn_end_token_ids
 from engine.model.model_config import ModelConfig
+from engine.model.tokenizer_cache import cached_tokenizer
 
 # llama.cpp writes Mistral checkpoints as "llama"; Qwen2/Qwen3 keep their own name.
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -44,50 +47,68 @@ def load_gguf(path: Path) -> LoadedModel:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file does not exist: {path}")
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # the reader fails in many ways (bad magic, truncation, bad lengths)
-        raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
-    arch = _field(reader, "general.architecture")
+    gguf_file = read_gguf(path)
+    metadata = gguf_file.metadata
+    arch = metadata.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
             f"{path}: GGUF architecture {arch!r} is not supported (supported: "
             f"{', '.join(SUPPORTED_ARCHITECTURES)})"
         )
-    tensors = _dequantize_all(reader, path)
-    config = _config(reader, arch, tensors, path)
+    row_orders = _rope_row_orders(gguf_file, arch) if arch in PERMUTED_QK_ARCHITECTURES else {}
+    tensors = _dequantize_all(gguf_file, row_orders)
+    config = _config(metadata, arch, tensors, path)
     weights = {_hf_name(name, path): t for name, t in tensors.items() if name != ROPE_FREQS}
-    if arch in PERMUTED_QK_ARCHITECTURES:
-        for name, t in weights.items():
-            if ".self_attn.q_proj." in name:
-                weights[name] = _unpermute_rope(t, config.num_heads)
-            elif ".self_attn.k_proj." in name:
-                weights[name] = _unpermute_rope(t, config.num_kv_heads)
     check_weights(config, weights, str(path))
-    tokenizer = _tokenizer(reader, path)
+    tokenizer = _tokenizer(metadata, path)
     return LoadedModel(config, weights, tokenizer, source=str(path), kind="gguf")
 
 
-def _field(reader: gguf.GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _rope_row_orders(gguf_file: GGUFFile, arch: str) -> dict[str, np.ndarray]:
+    """Row orders undoing llama.cpp's q/k row interleave (transformers' `_reverse_permute_weights`).
+
+    The interleave moves whole rows and every quant block lies within a row, so reordering the
+    quantized rows before dequantizing gives the same floats at a fraction of the copying.
+    """
+    heads = gguf_file.metadata.get(f"{arch}.attention.head_count")
+    if heads is None:
+        raise ValueError(f"{gguf_file.path}: GGUF metadata lacks {arch}.attention.head_count")
+    kv_heads = gguf_file.metadata.get(f"{arch}.attention.head_count_kv", heads)
+    heads_of = {"attn_q": int(heads), "attn_k": int(kv_heads)}
+    orders = {}
+    for t in gguf_file.tensors:
+        parts = t.name.split(".")
+        n_head = heads_of.get(parts[2]) if len(parts) == 4 and parts[0] == "blk" else None
+        if n_head is None:
+            continue
+        rows = t.shape[0] if t.shape else 0
+        if n_head <= 0 or rows == 0 or rows % (2 * n_head):
+            raise ValueError(
+                f"{gguf_file.path}: {t.name} has {rows} rows, which do not split into "
+                f"{n_head} rope heads"
+            )
+        order = np.arange(rows).reshape(n_head, rows // n_head // 2, 2).swapaxes(1, 2)
+        orders[t.name] = order.reshape(rows)
+    return orders
 
 
-def _dequantize_all(reader: gguf.GGUFReader, path: Path) -> dict[str, torch.Tensor]:
-    def one(t: gguf.ReaderTensor) -> tuple[str, torch.Tensor]:
-        array = gguf.quants.dequantize(t.data, t.tensor_type)
-        # GGUF lists dims innermost first; numpy (rows, cols) is HF's [out, in].
-        shape = tuple(int(d) for d in reversed(t.shape))
+def _dequantize_all(
+    gguf_file: GGUFFile, row_orders: dict[str, np.ndarray]
+) -> dict[str, torch.Tensor]:
+    def one(t: GGUFTensor) -> tuple[str, torch.Tensor]:
+        order = row_orders.get(t.name)
+        data = t.data if order is None else t.data[order]
+        array = gguf.quants.dequantize(data, t.qtype)
         # F32 tensors come back as read-only views of the mmap; copy those only.
-        array = np.require(array.reshape(shape), np.float32, ["C", "W"])
+        array = np.require(array.reshape(t.shape), np.float32, ["C", "W"])
         return t.name, torch.from_numpy(array)
 
     try:
         # numpy releases the GIL in the dequant kernels, so threads overlap the big tensors.
         with ThreadPoolExecutor() as pool:
-            return dict(pool.map(one, reader.tensors))
+            return dict(pool.map(one, gguf_file.tensors))
     except (ValueError, NotImplementedError) as e:
-        raise ValueError(f"{path}: cannot dequantize tensors: {e}") from e
+        raise ValueError(f"{gguf_file.path}: cannot dequantize tensors: {e}") from e
 
 
 def _hf_name(gguf_name: str, path: Path) -> str:
@@ -99,22 +120,16 @@ def _hf_name(gguf_name: str, path: Path) -> str:
     raise ValueError(f"{path}: tensor {gguf_name!r} has no place in a Llama-family model")
 
 
-def _unpermute_rope(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row interleave (as transformers' `_reverse_permute_weights` does)."""
-    dim = w.shape[0] // n_head // 2
-    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape).contiguous()
-
-
 def _config(
-    reader: gguf.GGUFReader, arch: str, tensors: dict[str, torch.Tensor], path: Path
+    metadata: dict[str, Any], arch: str, tensors: dict[str, torch.Tensor], path: Path
 ) -> ModelConfig:
     def meta(key: str, default=None):
-        value = _field(reader, f"{arch}.{key}", default)
+        value = metadata.get(f"{arch}.{key}", default)
         if value is None:
             raise ValueError(f"{path}: GGUF metadata lacks {arch}.{key}")
         return value
 
-    tokens = _field(reader, "tokenizer.ggml.tokens")
+    tokens = metadata.get("tokenizer.ggml.tokens")
     if tokens is None:
         raise ValueError(f"{path}: GGUF file has no tokenizer (tokenizer.ggml.tokens)")
     hidden, heads = int(meta("embedding_length")), int(meta("attention.head_count"))
@@ -122,9 +137,9 @@ def _config(
     if int(meta("rope.dimension_count", head_dim)) != head_dim:
         raise ValueError(f"{path}: partial rotary embeddings are not supported")
     rope_theta = float(meta("rope.freq_base", 10000.0))
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eos = metadata.get("tokenizer.ggml.eos_token_id")
     turn_ends = turn_end_token_ids(
-        {t: i for i, t in enumerate(tokens)}, _field(reader, "tokenizer.chat_template")
+        {t: i for i, t in enumerate(tokens)}, metadata.get("tokenizer.chat_template")
     )
     return ModelConfig(
         architecture=arch,
@@ -139,18 +154,18 @@ def _config(
         rope_theta=rope_theta,
         max_position_embeddings=int(meta("context_length")),
         tie_word_embeddings="output.weight" not in tensors,
-        rope_scaling=_rope_scaling(reader, arch, tensors, rope_theta, head_dim, path),
+        rope_scaling=_rope_scaling(metadata, arch, tensors, rope_theta, head_dim, path),
         # Qwen2 has q/k/v biases and Qwen3 per-head q/k norms; the tensors say which is here.
         attention_bias="blk.0.attn_q.bias" in tensors,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(dict.fromkeys(([eos] if eos is not None else []) + list(turn_ends))),
         name=path.name,
     )
 
 
 def _rope_scaling(
-    reader: gguf.GGUFReader,
+    metadata: dict[str, Any],
     arch: str,
     tensors: dict[str, torch.Tensor],
     rope_theta: float,
@@ -160,13 +175,13 @@ def _rope_scaling(
     """HF-style rope_scaling from the GGUF metadata, or from the llama3 `rope_freqs` tensor."""
     if ROPE_FREQS in tensors:
         return _llama3_from_rope_freqs(tensors[ROPE_FREQS].numpy(), rope_theta, head_dim, path)
-    kind = _field(reader, f"{arch}.rope.scaling.type", "none")
+    kind = metadata.get(f"{arch}.rope.scaling.type", "none")
     if kind == "none":
         return None
     if kind not in ("linear", "yarn"):
         raise ValueError(f"{path}: rope scaling type {kind!r} is not supported")
-    scaling = {"rope_type": kind, "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
-    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    scaling = {"rope_type": kind, "factor": float(metadata.get(f"{arch}.rope.scaling.factor"))}
+    original = metadata.get(f"{arch}.rope.scaling.original_context_length")
     if original is not None:
         scaling["original_max_position_embeddings"] = int(original)
     return scaling
@@ -222,12 +237,15 @@ def _llama3_rope_divisors(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:
     )
 
 
-def _tokenizer(reader: gguf.GGUFReader, path: Path):
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except Exception as e:  # transformers raises many types for a tokenizer it cannot convert
-        raise ValueError(f"{path}: cannot build a tokenizer from the GGUF metadata: {e}") from e
-    # Older transformers versions drop the template when converting a GGUF tokenizer.
-    if tokenizer.chat_template is None:
-        tokenizer.chat_template = _field(reader, "tokenizer.chat_template")
-    return tokenizer
+def _tokenizer(metadata: dict[str, Any], path: Path):
+    def convert():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception as e:  # transformers raises many types for a tokenizer it cannot convert
+            raise ValueError(f"{path}: cannot build a tokenizer from the GGUF metadata: {e}") from e
+        # Older transformers versions drop the template when converting a GGUF tokenizer.
+        if tokenizer.chat_template is None:
+            tokenizer.chat_template = metadata.get("tokenizer.chat_template")
+        return tokenizer
+
+    return cached_tokenizer(path, convert)

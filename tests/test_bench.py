@@ -1,0 +1,70 @@
+"""`kvscope bench` end to end on tiny settings: figures present, counts consistent, PNG valid."""
+
+import json
+
+import pytest
+from PIL import Image
+
+from app.bench.hf_baseline import load_hf_model, useful_token_count
+from app.bench.run import BenchSettings, benchmark
+
+TINY = dict(
+    num_requests=3, max_tokens_cap=8, hf_sequential=1, decode_steps=4, bandwidth_bytes=1 << 24
+)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return load_hf_model()
+
+
+def _check_png(path):
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(path) as image:
+        image.verify()
+
+
+def test_useful_tokens_stop_at_first_eos_and_budget():
+    assert useful_token_count([5, 6, 2, 2, 2], max_tokens=5, eos_ids={2}) == 3
+    assert useful_token_count([5, 6, 7, 8], max_tokens=2, eos_ids={2}) == 2
+    assert useful_token_count([5, 6, 7, 2], max_tokens=3, eos_ids={2}) == 3
+    assert useful_token_count([5, 6], max_tokens=8, eos_ids={2}) == 2
+
+
+def test_bench_writes_consistent_report_and_plot(tmp_path, default_model, hf_model):
+    report = benchmark(BenchSettings(out=tmp_path, **TINY), default_model, hf_model)
+    on_disk = json.loads((tmp_path / "bench.json").read_text())
+    assert on_disk["ours"] == report["ours"]
+    _check_png(tmp_path / "bench.png")
+
+    ours, static, seq = report["ours"], report["hf_static"], report["hf_sequential"]
+    assert report["workload"]["num_requests"] == ours["num_requests"] == static["num_requests"] == 3
+    # Our engine stops every request at EOS or its own budget: all generated tokens are useful.
+    assert ours["useful_tokens"] == sum(ours["generated_tokens"])
+    assert all(1 <= n <= 8 for n in ours["generated_tokens"])
+    assert static["useful_tokens"] == sum(static["useful_tokens_by_request"])
+    assert all(1 <= n <= 8 for n in static["useful_tokens_by_request"])
+    assert static["useful_tokens"] <= static["generated_slots"]
+    assert 0.0 <= static["wasted_token_share"] < 1.0
+    assert seq["num_requests"] == seq["batch_size"] == 1
+    for run in (ours, static, seq):
+        assert run["useful_tokens_per_s"] > 0 and run["wall_s"] > 0
+    assert ours["ttft_p50_s"] <= ours["ttft_p90_s"]
+
+    decode = report["decode_batch1"]
+    assert decode["roofline"]["bandwidth_gb_s"] > 0
+    assert decode["roofline"]["bytes_per_token"] > decode["roofline"]["weight_bytes"] > 0
+    for key in ("ours_tokens_per_s", "hf_tokens_per_s", "ours_pct_of_roofline"):
+        assert decode[key] > 0
+    for target in report["targets"].values():
+        assert target["ratio"] > 0 and isinstance(target["met"], bool)
+    assert report["machine"]["cpu_count"] >= 1 and report["runtime_s"] > 0
+
+
+def test_bench_without_hf_leaves_hf_figures_empty(tmp_path, default_model):
+    report = benchmark(BenchSettings(out=tmp_path, skip_hf=True, **TINY), default_model)
+    assert report["hf_static"] is None and report["hf_sequential"] is None
+    assert report["decode_batch1"]["hf_tokens_per_s"] is None
+    assert report["targets"]["useful_throughput_vs_hf_static"]["met"] is None
+    assert report["targets"]["decode_batch1_vs_roofline"]["ratio"] > 0
+    _check_png(tmp_path / "bench.png")

@@ -1,0 +1,141 @@
+"""The on-disk cache of converted GGUF tokenizers: hits equal fresh conversions, damage rebuilds."""
+
+import logging
+import os
+
+import platformdirs
+import pytest
+from tiny_models import bundled_tokenizer, make_tiny_gguf
+from transformers import AutoTokenizer
+
+from engine.model.loader import default_model_path, load_model
+from engine.model.tokenizer_cache import cache_key, cache_root, cached_tokenizer
+
+TEXTS = [
+    "Hello world",
+    "  leading spaces,\ttabs\n\nand newlines ",
+    "emoji 🤖🎉 and a family 👩‍👩‍👧",
+    "中文测试，日本語のテキスト、한국어",
+    "Ünïcödé àçcénts ß 3.14159 1234567",
+    "<|im_start|>user\nraw special tokens<|im_end|> <|endoftext|>",
+    "",
+]
+MESSAGES = [
+    {"role": "system", "content": "You are 🤖"},
+    {"role": "user", "content": "Translate 你好, please"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Thanks"},
+]
+
+
+class Converter:
+    """A convert() callback that counts its calls, to tell cache hits from misses."""
+
+    def __init__(self, make):
+        self.make, self.calls = make, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.make()
+
+
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSCOPE_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = make_tiny_gguf("llama", tmp_path / "tiny.gguf")[0]
+    return path, Converter(lambda: AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
+
+
+def assert_same_tokenizer(a, b):
+    chat = [a.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)]
+    assert chat == [b.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)]
+    for text in TEXTS + chat:
+        ids = a(text).input_ids
+        assert ids == b(text).input_ids, text
+        assert a.decode(ids) == b.decode(ids) == text
+        assert a.decode(ids, skip_special_tokens=True) == b.decode(ids, skip_special_tokens=True)
+    for name in ("chat_template", "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert a.all_special_tokens == b.all_special_tokens
+    assert a.added_tokens_decoder == b.added_tokens_decoder
+    assert a.get_vocab() == b.get_vocab()
+
+
+def test_bundled_cache_hit_equals_fresh_conversion():
+    path, convert = default_model_path(), Converter(bundled_tokenizer)
+    cached_tokenizer(path, convert)
+    hit = cached_tokenizer(path, convert)
+    assert convert.calls == 1
+    assert_same_tokenizer(bundled_tokenizer(), hit)
+
+
+def test_entry_is_written_under_data_dir(tiny, data_dir):
+    path, convert = tiny
+    fresh = cached_tokenizer(path, convert)
+    entry = data_dir / "cache" / "tokenizers" / cache_key(path)
+    assert cache_root() == entry.parent and (entry / "tokenizer.json").is_file()
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # no staging leftovers
+    assert_same_tokenizer(fresh, cached_tokenizer(path, convert))
+    assert convert.calls == 1
+
+
+def test_platform_cache_dir_without_data_dir(tiny, tmp_path, monkeypatch):
+    monkeypatch.delenv("KVSCOPE_DATA_DIR")
+    monkeypatch.setattr(platformdirs, "user_cache_dir", lambda app: str(tmp_path / app))
+    assert cache_root() == tmp_path / "KVScope" / "tokenizers"
+    cached_tokenizer(*tiny)
+    assert (cache_root() / cache_key(tiny[0]) / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("damage", ["garbage tokenizer.json", "missing template", "bad manifest"])
+def test_damaged_entry_is_rebuilt(tiny, damage, caplog):
+    path, convert = tiny
+    fresh = cached_tokenizer(path, convert)
+    entry = cache_root() / cache_key(path)
+    if damage == "garbage tokenizer.json":
+        (entry / "tokenizer.json").write_text('{"model": ')
+    elif damage == "missing template":
+        (entry / "chat_template.jinja").unlink()
+    else:
+        (entry / "kvscope-tokenizer-cache.json").write_text("[]")
+    with caplog.at_level(logging.WARNING):
+        rebuilt = cached_tokenizer(path, convert)
+    assert convert.calls == 2 and "rebuilding" in caplog.text
+    assert_same_tokenizer(fresh, rebuilt)
+    cached_tokenizer(path, convert)
+    assert convert.calls == 2  # the rebuilt entry is a good one
+
+
+def test_changed_file_misses(tiny):
+    path, convert = tiny
+    cached_tokenizer(path, convert)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    cached_tokenizer(path, convert)
+    assert convert.calls == 2
+
+
+def test_failed_store_keeps_tokenizer_and_leaves_nothing(tiny, caplog):
+    tokenizer = tiny[1]()
+
+    def full_disk(folder, **kwargs):
+        open(os.path.join(folder, "tokenizer.json"), "w").close()  # half written, then full
+        raise OSError("No space left on device")
+
+    tokenizer.save_pretrained = full_disk
+    with caplog.at_level(logging.WARNING):
+        assert cached_tokenizer(tiny[0], lambda: tokenizer) is tokenizer
+    assert "No space left" in caplog.text
+    assert list(cache_root().iterdir()) == []
+
+
+def test_gguf_load_uses_the_cache(tiny):
+    path = tiny[0]
+    first = load_model(path).tokenizer
+    assert (cache_root() / cache_key(path) / "tokenizer.json").is_file()
+    assert_same_tokenizer(first, load_model(path).tokenizer)
