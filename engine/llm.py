@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 import os
 
+from engine.beam_search import BeamSearchRunner
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine, PromptInput
 from engine.model.loader import LoadedModel
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.outputs import BeamSearchOutput, RequestOutput
+from engine.sampling_params import BeamSearchParams, SamplingParams
 
 Messages = list[dict]
 
@@ -84,6 +85,20 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.engine.apply_chat_template(c) for c in conversations]
         return self.generate(prompts, params)
+
+    def beam_search(
+        self, prompts: PromptInput | list[PromptInput], params: BeamSearchParams | None = None
+    ) -> list[BeamSearchOutput]:
+        """Beam search per prompt; each result's sequences come best-first."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
+            raise ValueError("prompts is empty")
+        token_ids = [self.engine.tokenize(p)[1] for p in prompts]
+        for ids in token_ids:
+            if not ids:
+                raise ValueError("prompt is empty after tokenization")
+        return BeamSearchRunner(self.engine).run(token_ids, params or BeamSearchParams())
 
     def stats(self) -> dict:
         return self.engine.stats()

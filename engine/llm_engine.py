@@ -131,8 +131,10 @@ class LLMEngine:
                 )
             )
         self.requests[request_id] = request
-        for seq in request.sequences:
-            self.scheduler.add(seq)
+        # n > 1: only the first sample prefills; the others fork from it once the prompt's K/V
+        # exist, sharing its blocks (copy-on-write) instead of computing the prompt n times.
+        self.scheduler.add(request.sequences[0])
+        request.pending_forks = request.sequences[1:]
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its blocks; returns its final output (None if unknown)."""
@@ -166,6 +168,7 @@ class LLMEngine:
             self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
         touched: dict[str, Request] = {}
         if seqs:
+            seqs, logits = self._fork_pending_samples(seqs, logits)
             rows = [SamplingRow(s.request.params, s.token_ids, s.generator) for s in seqs]
             results = self.sampler(logits, rows)
             now = time.time()
@@ -179,6 +182,27 @@ class LLMEngine:
                 request.metrics.finished_time = now
                 del self.requests[request.request_id]
         return outputs
+
+    def _fork_pending_samples(
+        self, seqs: list[Sequence], logits: torch.Tensor
+    ) -> tuple[list[Sequence], torch.Tensor]:
+        """Fork the waiting samples of requests whose prompt just finished; each child samples
+        its first token from the parent's logits with its own random stream."""
+        if not any(s.request.pending_forks for s in seqs):
+            return seqs, logits
+        out_seqs, rows = [], []
+        for row, parent in enumerate(seqs):
+            out_seqs.append(parent)
+            rows.append(row)
+            for child in parent.request.pending_forks:
+                self.block_manager.fork(parent.seq_id, child.seq_id)
+                child.num_computed_tokens = parent.num_computed_tokens
+                child.num_cached_tokens = parent.num_cached_tokens
+                self.scheduler.add_running(child)
+                out_seqs.append(child)
+                rows.append(row)
+            parent.request.pending_forks = []
+        return out_seqs, logits[torch.tensor(rows, device=logits.device)]
 
     def _append_token(self, seq: Sequence, result, now: float) -> None:
         params = seq.request.params

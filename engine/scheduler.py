@@ -44,6 +44,12 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def add_running(self, seq: Sequence) -> None:
+        """A sequence forked from a running one: its blocks are already in place."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        self.peak_num_running = max(self.peak_num_running, len(self.running))
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -80,6 +80,8 @@ class Request:
     params: SamplingParams
     metrics: RequestMetrics
     sequences: list[Sequence] = field(default_factory=list)
+    # Samples (n > 1) that will fork from sequences[0] when its prompt is computed.
+    pending_forks: list[Sequence] = field(default_factory=list)
     stop_checker: StopChecker = field(init=False)
 
     def __post_init__(self) -> None:
