@@ -30,8 +30,10 @@ class Block:
     block_id: int
     ref_count: int = 0
     block_hash: int | None = None
-    # The tokens a hashed block holds: a hit compares them, so a collision never serves wrong KV.
+    # What a hashed block holds: its tokens and its parent block's hash. A hit compares both, so
+    # a hash collision can never serve KV of other tokens or of another position.
     token_ids: tuple[int, ...] | None = None
+    parent_hash: int | None = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,10 @@ class BlockManager:
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             h = self.hash_block(parent, tokens)
             block_id = self.hash_to_block.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
+            if block_id is None:
+                break
+            block = self.blocks[block_id]
+            if block.token_ids != tokens or block.parent_hash != parent:
                 break
             match.block_ids.append(block_id)
             match.hashes.append(h)
@@ -156,13 +161,14 @@ class BlockManager:
         table = self.tables[seq_id]
         for i in range(len(hashes), num_computed // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            h = self.hash_block(hashes[-1] if hashes else None, tokens)
+            parent = hashes[-1] if hashes else None
+            h = self.hash_block(parent, tokens)
             hashes.append(h)
             block = self.blocks[table[i]]
             # The first block to hold a prefix owns its hash; a twin computed concurrently by
             # another sequence simply stays uncached.
             if block.block_hash is None and h not in self.hash_to_block:
-                block.block_hash, block.token_ids = h, tokens
+                block.block_hash, block.token_ids, block.parent_hash = h, tokens, parent
                 self.hash_to_block[h] = block.block_id
 
     # ---- mutations -----------------------------------------------------------------------
@@ -173,7 +179,7 @@ class BlockManager:
         block_id, _ = self._free_cached.popitem(last=False)  # least recently freed
         block = self.blocks[block_id]
         del self.hash_to_block[block.block_hash]
-        block.block_hash = block.token_ids = None
+        block.block_hash = block.token_ids = block.parent_hash = None
         self.num_evictions += 1
         return block
 
