@@ -45,6 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench_out", help="folder for JSON + PNG")
     bench.add_argument("--num-requests", type=int, default=None)
     bench.add_argument("--workload", default=None, help="workload JSON (default: bundled)")
+    bench.add_argument("--max-tokens-cap", type=int, default=None, help="shorten every request")
+    bench.add_argument(
+        "--hf-batch-size", type=int, default=None, help="HF static batch size (default: all)"
+    )
+    bench.add_argument(
+        "--hf-sequential", type=int, default=4, metavar="N", help="requests HF runs one by one"
+    )
+    bench.add_argument("--decode-steps", type=int, default=64, help="timed batch-1 decode steps")
+    bench.add_argument("--skip-hf", action="store_true", help="only our engine and the roofline")
     return parser
 
 

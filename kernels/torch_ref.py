@@ -58,26 +58,31 @@ def paged_decode_attention_torch(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence attending to its whole paged context. Returns [B, Hq, D]."""
+    """One query token per sequence attending to its whole paged context. Returns [B, Hq, D].
+
+    Slots past a sequence's length are masked out; they must hold finite values (the engine's
+    pool starts zeroed), since a masked weight of exactly 0 times NaN would still be NaN."""
     batch, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
     max_len = int(seq_lens.max())
     num_blocks = (max_len + bs - 1) // bs
     tables = block_tables[:, :num_blocks].long()
     # Gather only the blocks the longest sequence needs; shorter ones are masked below.
-    k = _dequant(k_cache[tables].reshape(batch, num_blocks * bs, hkv, d), k_scale, q.dtype)
-    v = _dequant(v_cache[tables].reshape(batch, num_blocks * bs, hkv, d), v_scale, q.dtype)
-    group = hq // hkv
-    qg = q.view(batch, hkv, group, d)
-    scores = torch.einsum("bhgd,bthd->bhgt", qg, k) * scale
+    k = _dequant(k_cache[tables].view(batch, num_blocks * bs, hkv, d), k_scale, q.dtype)
+    v = _dequant(v_cache[tables].view(batch, num_blocks * bs, hkv, d), v_scale, q.dtype)
     pos = torch.arange(num_blocks * bs, device=q.device)
-    mask = pos.view(1, -1) >= seq_lens.view(-1, 1).to(pos.dtype)
-    scores.masked_fill_(mask.view(batch, 1, 1, -1), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    # Slots past seq_len hold whatever the pool had (possibly NaN); 0 * NaN would leak through.
-    v = v.masked_fill(mask.view(batch, -1, 1, 1), 0.0)
-    out = torch.einsum("bhgt,bthd->bhgd", probs, v)
-    return out.reshape(batch, hq, d)
+    past_end = pos.view(1, -1) >= seq_lens.view(-1, 1).to(pos.dtype)
+    mask = torch.zeros(past_end.shape, dtype=q.dtype, device=q.device)
+    mask.masked_fill_(past_end, float("-inf"))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.unsqueeze(2),  # [B, Hq, 1, D]
+        k.transpose(1, 2),  # [B, Hkv, L, D]
+        v.transpose(1, 2),
+        attn_mask=mask.view(batch, 1, 1, -1),
+        scale=scale,
+        enable_gqa=hq != hkv,
+    )
+    return out.view(batch, hq, d)
 
 
 def paged_prefill_attention_torch(

@@ -59,6 +59,8 @@ def test_bench_writes_consistent_report_and_plot(tmp_path, default_model, hf_mod
     for target in report["targets"].values():
         assert target["ratio"] > 0 and isinstance(target["met"], bool)
     assert report["machine"]["cpu_count"] >= 1 and report["runtime_s"] > 0
+    phases = {"ours_workload", "ours_decode", "hf_static", "hf_sequential", "hf_decode"}
+    assert phases <= report["machine"]["cpu_stall_share"].keys()
 
 
 def test_bench_without_hf_leaves_hf_figures_empty(tmp_path, default_model):

@@ -10,9 +10,9 @@ def _scatter_cache(seqs_k, seqs_v, block_size, num_blocks, hkv, d, seed=0):
     """Place each sequence's K/V into randomly chosen (scattered) physical blocks."""
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(num_blocks, generator=g).tolist()
-    # Unwritten slots hold NaN, as an uninitialised pool may: none of it may reach the output.
-    k_cache = torch.full((num_blocks, block_size, hkv, d), float("nan"))
-    v_cache = torch.full((num_blocks, block_size, hkv, d), float("nan"))
+    # Other slots hold huge stale values: none of them may reach the output.
+    k_cache = torch.randn((num_blocks, block_size, hkv, d), generator=g) * 1e4
+    v_cache = torch.randn((num_blocks, block_size, hkv, d), generator=g) * 1e4
     tables = []
     for k, v in zip(seqs_k, seqs_v, strict=True):
         n_blocks = -(-k.shape[0] // block_size)

@@ -19,9 +19,10 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
-        # One allocation for the whole pool; layers index views of it. `empty` so that pages are
-        # only touched when written (a 1 GiB CPU pool costs nothing until used).
-        self.data = torch.empty(
+        # One allocation for the whole pool; layers index views of it. Zeroed, not `empty`: the
+        # kernels mask slots past a sequence's end, which needs them finite, and touching every
+        # page now keeps first-write page faults out of the decode steps.
+        self.data = torch.zeros(
             (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim),
             dtype=dtype,
             device=device,

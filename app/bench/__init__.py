@@ -1,0 +1,1 @@
+"""`kvscope bench`: the engine's speed against HF transformers, measured in the same run."""

@@ -1,0 +1,212 @@
+"""`kvscope bench`: run every contender on the same requests, write bench.json + bench.png."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import transformers
+
+from app.bench.engine_bench import DecodeTiming, measure_engine_decode, run_engine_workload
+from app.bench.hf_baseline import HFRunResult, load_hf_model, measure_hf_decode, run_hf_batched
+from app.bench.machine import ContentionMeter, machine_info
+from app.bench.plot import plot_bench
+from app.bench.roofline import decode_roofline, kv_bytes_per_token, measure_read_bandwidth
+from app.bench.workload import load_chat_workload
+from engine import LLM, SamplingParams
+from engine.model.loader import LoadedModel, load_model
+
+THROUGHPUT_TARGET = 2.0  # our useful tokens/s over HF's static batch
+ROOFLINE_TARGET = 0.6  # our batch-1 decode tokens/s over the bandwidth roofline
+CONTENDED = 0.1  # a phase whose CPU stall share exceeds this gets a warning
+
+
+@dataclass
+class BenchSettings:
+    out: Path = Path("bench_out")
+    workload: Path | None = None  # None: the bundled chat_mixed.json
+    num_requests: int | None = None  # None: every request in the workload
+    max_tokens_cap: int | None = None
+    hf_batch_size: int | None = None  # None: all requests in one static batch
+    hf_sequential: int = 4  # requests the one-at-a-time baseline runs (it is the slowest)
+    decode_steps: int = 64
+    skip_hf: bool = False
+    bandwidth_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        if self.decode_steps < 2:
+            raise ValueError(f"decode_steps must be >= 2, got {self.decode_steps}")
+        if self.hf_sequential < 0:
+            raise ValueError(f"hf_sequential must be >= 0, got {self.hf_sequential}")
+        if self.hf_batch_size is not None and self.hf_batch_size < 1:
+            raise ValueError(f"hf_batch_size must be >= 1, got {self.hf_batch_size}")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """CLI entry: settings from `kvscope bench` flags; prints a summary."""
+    settings = BenchSettings(
+        out=Path(args.out),
+        workload=Path(args.workload) if args.workload else None,
+        num_requests=args.num_requests,
+        max_tokens_cap=args.max_tokens_cap,
+        hf_batch_size=args.hf_batch_size,
+        hf_sequential=args.hf_sequential,
+        decode_steps=args.decode_steps,
+        skip_hf=args.skip_hf,
+    )
+    report = benchmark(settings)
+    print(summarize(report))
+    print(f"  wrote {settings.out / 'bench.json'} and {settings.out / 'bench.png'}")
+    return 0
+
+
+def benchmark(
+    settings: BenchSettings,
+    loaded: LoadedModel | None = None,
+    hf_model: transformers.PreTrainedModel | None = None,
+) -> dict:
+    """Run the bench and write `<out>/bench.json` and `<out>/bench.png`; returns the report.
+
+    Pass an already loaded model (and HF model) to skip reading the weights again, as tests do.
+    """
+    started = time.perf_counter()
+    info = machine_info()
+    meter = ContentionMeter()
+    requests = load_chat_workload(settings.workload, settings.num_requests, settings.max_tokens_cap)
+    loaded = loaded or load_model(None)
+    # The bench compares like with like: float32 on the CPU for every contender.
+    llm = LLM(model=loaded, device="cpu", dtype="float32")
+    engine = llm.engine
+    prompts = [engine.tokenize(engine.apply_chat_template(r.messages))[1] for r in requests]
+    max_tokens = [r.max_tokens for r in requests]
+
+    llm.generate([prompts[0]], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up
+    with meter.phase("ours_workload"):
+        ours = run_engine_workload(llm, prompts, max_tokens)
+    with meter.phase("ours_decode"):
+        ours_decode = measure_engine_decode(llm, prompts[0], settings.decode_steps)
+    hf_static = hf_sequential = hf_decode = None
+    if not settings.skip_hf:
+        pad_id = loaded.tokenizer.pad_token_id
+        hf_static, hf_sequential, hf_decode = _run_hf(
+            settings,
+            meter,
+            hf_model or load_hf_model(),
+            prompts,
+            max_tokens,
+            eos_ids=set(engine.eos_token_ids),  # the same stop set our engine uses
+            pad_id=min(engine.eos_token_ids) if pad_id is None else pad_id,
+        )
+    with meter.phase("bandwidth"):
+        bandwidth = measure_read_bandwidth(settings.bandwidth_bytes)
+    kv_bytes = kv_bytes_per_token(
+        loaded.config, ours_decode.mean_context_tokens, llm.config.kv_torch_dtype.itemsize
+    )
+    roofline = decode_roofline(bandwidth, engine.model.weight_bytes(), kv_bytes)
+
+    speedup = ours.useful_tokens_per_s / hf_static.useful_tokens_per_s if hf_static else None
+    roofline_share = ours_decode.tokens_per_s / roofline.tokens_per_s
+    report = {
+        "machine": info | {"cpu_stall_share": meter.stall_share},
+        "model": {"name": Path(loaded.source).name, "source": loaded.source, "dtype": "float32"},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
+        "workload": {
+            "num_requests": len(prompts),
+            "prompt_tokens": sum(len(p) for p in prompts),
+            "max_tokens_total": sum(max_tokens),
+        },
+        "ours": asdict(ours),
+        "hf_static": asdict(hf_static) if hf_static else None,
+        "hf_sequential": asdict(hf_sequential) if hf_sequential else None,
+        "decode_batch1": {
+            "steps": settings.decode_steps,
+            "context_tokens_mean": ours_decode.mean_context_tokens,
+            "roofline": asdict(roofline),
+            "ours_tokens_per_s": ours_decode.tokens_per_s,
+            "ours_mean_tokens_per_s": ours_decode.mean_tokens_per_s,
+            "ours_pct_of_roofline": 100 * roofline_share,
+            "hf_tokens_per_s": hf_decode.tokens_per_s if hf_decode else None,
+            "hf_mean_tokens_per_s": hf_decode.mean_tokens_per_s if hf_decode else None,
+        },
+        "targets": {
+            "useful_throughput_vs_hf_static": _target(speedup, THROUGHPUT_TARGET),
+            "decode_batch1_vs_roofline": _target(roofline_share, ROOFLINE_TARGET),
+        },
+        "runtime_s": time.perf_counter() - started,
+    }
+    settings.out.mkdir(parents=True, exist_ok=True)
+    (settings.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot_bench(report, settings.out / "bench.png")
+    return report
+
+
+def _run_hf(
+    settings: BenchSettings,
+    meter: ContentionMeter,
+    model: transformers.PreTrainedModel,
+    prompts: list[list[int]],
+    max_tokens: list[int],
+    eos_ids: set[int],
+    pad_id: int,
+) -> tuple[HFRunResult, HFRunResult | None, DecodeTiming]:
+    """HF static batch, HF one request at a time (a prefix of the workload), HF batch-1 decode."""
+    run_hf_batched(model, [prompts[0]], [2], eos_ids, pad_id, 1)  # warm-up
+    batch_size = settings.hf_batch_size or len(prompts)
+    with meter.phase("hf_static"):
+        static = run_hf_batched(model, prompts, max_tokens, eos_ids, pad_id, batch_size)
+    sequential = None
+    if settings.hf_sequential:
+        n = min(settings.hf_sequential, len(prompts))
+        with meter.phase("hf_sequential"):
+            sequential = run_hf_batched(model, prompts[:n], max_tokens[:n], eos_ids, pad_id, 1)
+    with meter.phase("hf_decode"):
+        decode = measure_hf_decode(model, prompts[0], settings.decode_steps, eos_ids, pad_id)
+    return static, sequential, decode
+
+
+def _target(ratio: float | None, target: float) -> dict:
+    return {"ratio": ratio, "target": target, "met": None if ratio is None else ratio >= target}
+
+
+def summarize(report: dict) -> str:
+    """A few lines for the terminal; bench.json has every figure."""
+    ours, static, seq = report["ours"], report["hf_static"], report["hf_sequential"]
+    d, m, r = report["decode_batch1"], report["machine"], report["decode_batch1"]["roofline"]
+    lines = [
+        f"KVScope bench: {report['model']['name']}, float32, CPU ({m['cpu_count']} cores, "
+        f"{m['torch_threads']} torch threads), {report['workload']['num_requests']} chat requests",
+        f"  ours        {ours['useful_tokens_per_s']:7.1f} useful tok/s  "
+        f"({ours['useful_tokens']} tokens in {ours['wall_s']:.1f} s; TTFT mean "
+        f"{ours['ttft_mean_s']:.2f} s, p50 {ours['ttft_p50_s']:.2f}, p90 {ours['ttft_p90_s']:.2f}; "
+        f"peak running {ours['peak_num_running']}, preemptions {ours['num_preemptions']})",
+    ]
+    if static:
+        lines.append(
+            f"  HF static   {static['useful_tokens_per_s']:7.1f} useful tok/s  "
+            f"({static['useful_tokens']} useful of {static['generated_slots']} generated, "
+            f"{100 * static['wasted_token_share']:.0f}% wasted, {static['wall_s']:.1f} s)"
+        )
+    if seq:
+        lines.append(
+            f"  HF 1-by-1   {seq['useful_tokens_per_s']:7.1f} useful tok/s  "
+            f"({seq['num_requests']} requests, {seq['wall_s']:.1f} s)"
+        )
+    hf_b1 = f", HF {d['hf_tokens_per_s']:.1f}" if d["hf_tokens_per_s"] is not None else ""
+    lines.append(
+        f"  batch-1 decode: roofline {r['tokens_per_s']:.1f} tok/s ({r['bandwidth_gb_s']:.1f} GB/s "
+        f"/ {r['bytes_per_token'] / 1e6:.0f} MB per token), ours {d['ours_tokens_per_s']:.1f} "
+        f"({d['ours_pct_of_roofline']:.0f}%){hf_b1}"
+    )
+    for name, t in report["targets"].items():
+        if t["ratio"] is not None:
+            verdict = "met" if t["met"] else "MISSED"
+            lines.append(f"  target {name}: {t['ratio']:.2f} vs >= {t['target']} ({verdict})")
+    busy = {k: v for k, v in m["cpu_stall_share"].items() if v is not None and v > CONTENDED}
+    if busy:
+        shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in busy.items())
+        lines.append(f"  WARNING: other processes held the CPU (stall share) during: {shares}")
+    lines.append(f"  runtime {report['runtime_s']:.0f} s")
+    return "\n".join(lines)
