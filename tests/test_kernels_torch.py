@@ -54,6 +54,16 @@ def test_decode_matches_dense(block_size, hq, hkv, d):
     for i in range(len(lens)):
         ref = _dense_attention(q[i : i + 1], ks[i], vs[i], d**-0.5)
         torch.testing.assert_close(out[i : i + 1].double(), ref, atol=1e-5, rtol=1e-5)
+        # A batch of one takes a path of its own (no mask): same answer.
+        alone = kernels.paged_decode_attention(
+            q[i : i + 1],
+            k_cache,
+            v_cache,
+            tables[i : i + 1],
+            torch.tensor(lens[i : i + 1], dtype=torch.int32),
+            d**-0.5,
+        )
+        torch.testing.assert_close(alone.double(), ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("block_size", [8, 16])
