@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--decode-steps", type=int, default=64, help="timed batch-1 decode steps")
     bench.add_argument("--skip-hf", action="store_true", help="only our engine and the roofline")
+    bench.add_argument(
+        "--skip-sharing", action="store_true", help="skip the prefix-cache and forking figures"
+    )
     return parser
 
 

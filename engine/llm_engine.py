@@ -274,6 +274,7 @@ class LLMEngine:
             "kv_blocks_used": bm.num_used_blocks,
             "kv_blocks_free": bm.num_free_blocks,
             "kv_blocks_cached": bm.num_cached_blocks,
+            "kv_blocks_peak": bm.peak_used_blocks,
             "kv_tokens_stored": sum(s.num_computed_tokens for s in running),
             "kv_cache_bytes": self.kv_cache.nbytes,
             "num_running": len(running),

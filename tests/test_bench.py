@@ -7,9 +7,15 @@ from PIL import Image
 
 from app.bench.hf_baseline import load_hf_model, useful_token_count
 from app.bench.run import BenchSettings, benchmark
+from app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
 
 TINY = dict(
-    num_requests=3, max_tokens_cap=8, hf_sequential=1, decode_steps=4, bandwidth_bytes=1 << 24
+    num_requests=3,
+    max_tokens_cap=8,
+    hf_sequential=1,
+    decode_steps=4,
+    bandwidth_bytes=1 << 24,
+    skip_sharing=True,  # measured on its own below
 )
 
 
@@ -70,3 +76,17 @@ def test_bench_without_hf_leaves_hf_figures_empty(tmp_path, default_model):
     assert report["targets"]["useful_throughput_vs_hf_static"]["met"] is None
     assert report["targets"]["decode_batch1_vs_roofline"]["ratio"] > 0
     _check_png(tmp_path / "bench.png")
+
+
+def test_sharing_figures(default_model):
+    ttft = measure_prefix_ttft(default_model)
+    # Every agent question after the first finds the shared system prompt's full blocks.
+    assert ttft["cached_tokens_mean"] >= ttft["prompt_tokens_mean"] - 64
+    assert ttft["cold_ttft_mean_s"] > 0 and ttft["cached_ttft_mean_s"] > 0
+    fork = measure_fork_blocks(default_model)
+    prompt_blocks = fork["prompt_tokens"] // 16
+    # Four uncached copies hold the prompt four times; n=4 holds its full blocks once.
+    assert fork["peak_blocks_independent"] >= 4 * prompt_blocks
+    assert prompt_blocks <= fork["peak_blocks_n4"] < fork["peak_blocks_independent_prefix_cached"]
+    assert fork["peak_blocks_independent_prefix_cached"] <= fork["peak_blocks_independent"]
+    assert fork["met"] and fork["peak_blocks_beam"] < fork["peak_blocks_independent"]

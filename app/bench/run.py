@@ -15,6 +15,7 @@ from app.bench.hf_baseline import HFRunResult, load_hf_model, measure_hf_decode,
 from app.bench.machine import ContentionMeter, machine_info
 from app.bench.plot import plot_bench
 from app.bench.roofline import decode_roofline, kv_bytes_per_token, measure_read_bandwidth
+from app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
 from app.bench.workload import load_chat_workload
 from engine import LLM, SamplingParams
 from engine.model.loader import LoadedModel, load_model
@@ -34,6 +35,7 @@ class BenchSettings:
     hf_sequential: int = 4  # requests the one-at-a-time baseline runs (it is the slowest)
     decode_steps: int = 64
     skip_hf: bool = False
+    skip_sharing: bool = False
     bandwidth_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
@@ -56,6 +58,7 @@ def run_bench(args: argparse.Namespace) -> int:
         hf_sequential=args.hf_sequential,
         decode_steps=args.decode_steps,
         skip_hf=args.skip_hf,
+        skip_sharing=args.skip_sharing,
     )
     report = benchmark(settings)
     print(summarize(report))
@@ -100,6 +103,13 @@ def benchmark(
             eos_ids=set(engine.eos_token_ids),  # the same stop set our engine uses
             pad_id=min(engine.eos_token_ids) if pad_id is None else pad_id,
         )
+    sharing = None
+    if not settings.skip_sharing:
+        with meter.phase("sharing"):
+            sharing = {
+                "prefix_cache_ttft": measure_prefix_ttft(loaded, settings.workload),
+                "fork_peak_blocks": measure_fork_blocks(loaded, settings.workload),
+            }
     with meter.phase("bandwidth"):
         bandwidth = measure_read_bandwidth(settings.bandwidth_bytes)
     kv_bytes = kv_bytes_per_token(
@@ -131,6 +141,7 @@ def benchmark(
             "hf_tokens_per_s": hf_decode.tokens_per_s if hf_decode else None,
             "hf_mean_tokens_per_s": hf_decode.mean_tokens_per_s if hf_decode else None,
         },
+        "sharing": sharing,
         "targets": {
             "useful_throughput_vs_hf_static": _target(speedup, THROUGHPUT_TARGET),
             "decode_batch1_vs_roofline": _target(roofline_share, ROOFLINE_TARGET),
@@ -200,6 +211,22 @@ def summarize(report: dict) -> str:
         f"/ {r['bytes_per_token'] / 1e6:.0f} MB per token), ours {d['ours_tokens_per_s']:.1f} "
         f"({d['ours_pct_of_roofline']:.0f}%){hf_b1}"
     )
+    if report["sharing"]:
+        ttft, fork = report["sharing"]["prefix_cache_ttft"], report["sharing"]["fork_peak_blocks"]
+        lines.append(
+            f"  prefix cache: TTFT cold {ttft['cold_ttft_mean_s']:.3f} s vs cached "
+            f"{ttft['cached_ttft_mean_s']:.3f} s ({100 * ttft['cached_over_cold']:.0f}% of cold, "
+            f"target <= {100 * ttft['target']:.0f}%; {ttft['cached_tokens_mean']:.0f} of "
+            f"{ttft['prompt_tokens_mean']:.0f} prompt tokens cached)"
+        )
+        lines.append(
+            f"  peak blocks, {fork['prompt_tokens']}-token prompt + {fork['max_tokens']}: n=4 "
+            f"{fork['peak_blocks_n4']}, 4 requests {fork['peak_blocks_independent']} (with prefix "
+            f"cache {fork['peak_blocks_independent_prefix_cached']}), beam width 4 "
+            f"{fork['peak_blocks_beam']} ({fork['beam_cow_copies']} CoW copies); n=4 saves "
+            f"{100 * fork['n4_saving_vs_independent']:.0f}% (target >= "
+            f"{100 * fork['target']:.0f}%)"
+        )
     for name, t in report["targets"].items():
         if t["ratio"] is not None:
             verdict = "met" if t["met"] else "MISSED"

@@ -65,6 +65,7 @@ class BlockManager:
         self._hashes: dict[int, list[int]] = {}  # seq_id -> hashes of its full, computed blocks
         self.num_evictions = 0
         self.num_cow_copies = 0
+        self.peak_used_blocks = 0
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -149,6 +150,7 @@ class BlockManager:
             if block.ref_count == 0:
                 del self._free_cached[block_id]
             block.ref_count += 1
+        self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks)
         self.tables[seq_id] = list(match.block_ids)
         self._hashes[seq_id] = list(match.hashes)
 
@@ -173,6 +175,7 @@ class BlockManager:
 
     # ---- mutations -----------------------------------------------------------------------
     def _take_free_block(self) -> Block:
+        self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks + 1)
         if self._free_plain:
             block_id, _ = self._free_plain.popitem(last=False)
             return self.blocks[block_id]
