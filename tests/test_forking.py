@@ -133,3 +133,26 @@ def test_beam_search_errors_leave_the_engine_usable(default_model):
     )
     assert [len(s.token_ids) for s in result[0].sequences] == [4, 4]
     _assert_clean(small)
+
+
+def test_aborting_a_forked_request_returns_every_block(llm):
+    engine = llm.engine
+    prompt = _prompt_of_length(llm, 7)
+    engine.add_request("gone", prompt, SamplingParams(n=4, max_tokens=20, seed=2))
+    engine.step()
+    engine.step()  # forked and decoding: the shared blocks have ref count 4
+    out = engine.abort_request("gone")
+    assert [o.finish_reason for o in out.outputs] == ["abort"] * 4
+    _assert_clean(llm)
+
+
+def test_aborting_before_the_fork_returns_every_block(default_model):
+    # A chunked prefill: the request is aborted while its samples still wait to fork.
+    llm = LLM(model=default_model, device="cpu", num_kv_blocks=64, max_num_batched_tokens=16)
+    engine = llm.engine
+    engine.add_request("early", list(range(100, 160)), SamplingParams(n=3, max_tokens=4))
+    engine.step()
+    assert engine.block_manager.num_used_blocks > 0
+    engine.abort_request("early")
+    assert not engine.has_unfinished_requests()
+    _assert_clean(llm)

@@ -34,31 +34,23 @@ def paged_attention(
     """Store this step's K/V into the pool, then attend through block tables. Returns [T, Hq, D]."""
     kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     nd = meta.num_decode_tokens
-    if nd == q.shape[0]:
-        return kernels.paged_decode_attention(
-            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
+    parts = []
+    if nd:
+        parts.append(
+            kernels.paged_decode_attention(
+                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
+            )
         )
-    if nd == 0:
-        return kernels.paged_prefill_attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.prefill_block_tables,
-            meta.prefill_query_start_loc,
-            meta.prefill_seq_lens,
-            scale,
+    if nd < q.shape[0]:
+        parts.append(
+            kernels.paged_prefill_attention(
+                q[nd:],
+                k_cache,
+                v_cache,
+                meta.prefill_block_tables,
+                meta.prefill_query_start_loc,
+                meta.prefill_seq_lens,
+                scale,
+            )
         )
-    out = torch.empty_like(q)
-    out[:nd] = kernels.paged_decode_attention(
-        q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
-    )
-    out[nd:] = kernels.paged_prefill_attention(
-        q[nd:],
-        k_cache,
-        v_cache,
-        meta.prefill_block_tables,
-        meta.prefill_query_start_loc,
-        meta.prefill_seq_lens,
-        scale,
-    )
-    return out
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
