@@ -13,7 +13,7 @@ from engine.kv.kv_cache import KVCache
 from engine.memory_profile import size_kv_pool
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
-from engine.model.sampler import Sampler, SamplingRow
+from engine.model.sampler import Sampler, SampleResult, SamplingRow
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -204,7 +204,7 @@ class LLMEngine:
             parent.request.pending_forks = []
         return out_seqs, logits[torch.tensor(rows, device=logits.device)]
 
-    def _append_token(self, seq: Sequence, result, now: float) -> None:
+    def _append_token(self, seq: Sequence, result: SampleResult, now: float) -> None:
         params = seq.request.params
         token = result.token_id
         seq.token_ids.append(token)
