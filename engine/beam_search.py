@@ -83,7 +83,8 @@ class BeamSearchRunner:
         k = params.beam_width
         eos = set() if params.ignore_eos else self.engine.eos_token_ids
         vocab = logprobs.shape[-1]
-        scores = logprobs + torch.tensor([b.cum_logprob for b in search.beams]).view(-1, 1)
+        cum = torch.tensor([b.cum_logprob for b in search.beams], device=logprobs.device)
+        scores = logprobs + cum.view(-1, 1)
         # HF keeps (1 + number of EOS ids) x width candidates, at least 2 x width.
         keep = min(max(2, 1 + len(eos)) * k, scores.numel())
         top_scores, top_index = torch.topk(scores.view(-1), keep)

@@ -64,10 +64,7 @@ class LLM:
         params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run prompts to completion with continuous batching; outputs come back in input order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not prompts:
-            raise ValueError("prompts is empty")
+        prompts = _prompt_list(prompts)
         if isinstance(params, list):
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
@@ -90,10 +87,7 @@ class LLM:
         self, prompts: PromptInput | list[PromptInput], params: BeamSearchParams | None = None
     ) -> list[BeamSearchOutput]:
         """Beam search per prompt; each result's sequences come best-first."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not prompts:
-            raise ValueError("prompts is empty")
+        prompts = _prompt_list(prompts)
         token_ids = [self.engine.tokenize(p)[1] for p in prompts]
         for ids in token_ids:
             if not ids:
@@ -121,3 +115,12 @@ class LLM:
                 self.engine.abort_request(request_id)
             raise
         return [final[i] for i in ids]
+
+
+def _prompt_list(prompts: PromptInput | list[PromptInput]) -> list[PromptInput]:
+    """One prompt (text or token ids) or a list of them, as a non-empty list."""
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    if not prompts:
+        raise ValueError("prompts is empty")
+    return list(prompts)

@@ -24,10 +24,6 @@ class ScheduledBatch:
     # (src, dst) physical block copies to perform before the step: copy-on-write of shared blocks.
     block_copies: list[tuple[int, int]] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.items)
-
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_batched_tokens: int):

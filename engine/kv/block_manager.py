@@ -101,10 +101,6 @@ class BlockManager:
         needed = self.num_new_blocks_needed(seq_id, total_tokens)
         return needed + self._needs_cow(seq_id, write_from) <= self.num_free_blocks
 
-    def slot(self, seq_id: int, position: int) -> int:
-        table = self.tables[seq_id]
-        return table[position // self.block_size] * self.block_size + position % self.block_size
-
     # ---- prefix cache --------------------------------------------------------------------
     def hash_block(self, parent: int | None, token_ids: Sequence[int]) -> int:
         h = xxhash.xxh3_64(self.cache_salt)
