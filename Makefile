@@ -4,10 +4,12 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.kvscope-setup
 QT_APT_LIBS := libgl1 libegl1 libglib2.0-0 libfontconfig1 libxkbcommon0 libdbus-1-3
+# Installer build tools: makensis compiles the Windows installer (also on Linux).
+TOOL_APT_PKGS := nsis
 # CPU machines pin the CPU wheel; where an NVIDIA driver answers, pip's default CUDA build is wanted.
 TORCH_SPEC := $(shell nvidia-smi >/dev/null 2>&1 && echo "torch" || echo "torch==2.13.0")
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean qt-libs apt-tools package package-test
 
 setup: $(STAMP)
 
@@ -15,6 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	@command -v python3 >/dev/null || { echo "python3 is required"; exit 1; }
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(MAKE) --no-print-directory qt-libs
+	@$(MAKE) --no-print-directory apt-tools
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e ".[dev]"
@@ -33,6 +36,19 @@ qt-libs:
 	  else echo "warning: missing Qt libraries:$$missing (install them with your package manager)"; fi; \
 	fi
 
+# Installer build tools; skipped quietly without apt or when already installed.
+apt-tools:
+	@command -v apt-get >/dev/null 2>&1 || exit 0; missing=""; for p in $(TOOL_APT_PKGS); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  echo "installing packaging tools:$$missing"; \
+	  APT="$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get"; \
+	  { $$APT install -y -qq $$missing || { $$APT update -qq && $$APT install -y -qq $$missing; }; } \
+	    >/dev/null 2>&1 || \
+	  echo "warning: could not install$$missing (the installer tests that need it will skip)"; \
+	fi
+
 run: setup
 	$(VENV)/bin/kvscope
 
@@ -44,6 +60,36 @@ lint: setup
 
 bench: setup
 	$(VENV)/bin/kvscope bench
+
+# Installers (packaging/README.md): the PyInstaller bundle in dist/kvscope, then a .deb and a
+# .tar.gz in dist/. The bundle carries whatever torch the venv has: build it from a CPU torch venv.
+BUNDLE := dist/kvscope
+PKG_STAMP := $(VENV)/.kvscope-package
+PKG_SOURCES := $(shell find app engine kernels assets -type f -not -name '*.pyc' 2>/dev/null) \
+	packaging/kvscope.spec packaging/kvscope_main.py packaging/elf_strip.py pyproject.toml
+INSTALLERS := dist/.kvscope-installers
+
+$(PKG_STAMP): $(STAMP)
+	$(PIP) install -q -e ".[package]"
+	@touch $@
+
+$(BUNDLE)/kvscope: $(PKG_STAMP) $(PKG_SOURCES)
+	$(PY) -m PyInstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller \
+	  packaging/kvscope.spec
+	@touch $@
+
+$(INSTALLERS): $(BUNDLE)/kvscope packaging/linux/build_linux.py
+	$(PY) packaging/linux/build_linux.py --bundle $(BUNDLE) --out dist
+	@touch $@
+
+package: setup $(INSTALLERS)
+	@du -sh $(BUNDLE); ls -l dist/*.deb dist/*.tar.gz
+	$(PY) packaging/glibc_floor.py $(BUNDLE)
+
+# Builds what is missing or stale, then runs the packaging tests including the slow ones on the
+# real bundle and .deb (tests/packaging/test_bundle.py).
+package-test: package
+	KVSCOPE_PACKAGE_TEST=1 $(PY) -m pytest -q tests/packaging
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,12 @@ class LoadedModel:
 
 def default_model_path() -> Path:
     """The bundled SmolLM2 GGUF, found without importing its package (that would import `llm`)."""
+    if getattr(sys, "frozen", False):
+        # An installed app (packaging/kvscope.spec) carries the file in its own folder.
+        bundle = Path(getattr(sys, "_MEIPASS", Path(sys.executable).resolve().parent))
+        frozen_path = bundle / DEFAULT_GGUF_PACKAGE / DEFAULT_GGUF_FILE
+        if frozen_path.is_file():
+            return frozen_path
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
