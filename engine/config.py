@@ -8,9 +8,11 @@ from dataclasses import dataclass
 import torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-KV_DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8")
+FP8_MIN_CUDA_CAPABILITY = (8, 9)  # Triton has float8_e4m3 from Ada/Hopper on
 BLOCK_SIZES = (8, 16, 32, 64, 128)
-ALLOCATORS = ("paged",)
+# "contiguous" is the naive baseline: max-length reservations, no sharing (engine/kv/contiguous).
+ALLOCATORS = ("paged", "contiguous")
 DEFAULT_CPU_KV_MEMORY = 1 << 30  # 1 GiB
 
 
@@ -45,6 +47,13 @@ class EngineConfig:
             raise ValueError(f"dtype {self.dtype!r} is not one of {('auto', *DTYPES)}")
         if self.kv_cache_dtype not in KV_DTYPES:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {KV_DTYPES}")
+        if self.kv_cache_dtype == "fp8" and self.torch_device.type == "cuda":
+            capability = torch.cuda.get_device_capability(self.torch_device)
+            if capability < FP8_MIN_CUDA_CAPABILITY:
+                raise ValueError(
+                    f"kv_cache_dtype 'fp8' needs CUDA compute capability >= "
+                    f"{FP8_MIN_CUDA_CAPABILITY}, this GPU has {capability}"
+                )
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size {self.block_size} is not one of {BLOCK_SIZES}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
@@ -84,6 +93,8 @@ class EngineConfig:
 
     @property
     def kv_torch_dtype(self) -> torch.dtype:
+        if self.kv_cache_dtype == "fp8":
+            return torch.float8_e4m3fn  # with per-layer, per-KV-head scales (see KVCache)
         return self.torch_dtype if self.kv_cache_dtype == "auto" else DTYPES[self.kv_cache_dtype]
 
     @property

@@ -1,9 +1,24 @@
-"""Paged-KV kernels. Each has a torch reference; `backend="auto"` dispatches on the tensor's device.
+"""Paged-KV kernels, each twice: Triton (`triton_kernels`) and a torch reference (`torch_ref`).
 
-Triton versions run on CUDA tensors once they land; until then every backend resolves to torch.
+Every public kernel takes `backend`:
+  "auto"   Triton for CUDA tensors (when triton is installed), torch otherwise. The engine uses it.
+  "torch"  the reference: any device, the CPU path and the test oracle.
+  "triton" Triton explicitly: CUDA tensors, or CPU tensors when TRITON_INTERPRET=1 was set before
+           the first kernel call (Triton's interpreter; how the tests run the kernels without GPU).
+
+Caches are [num_blocks, block_size, num_kv_heads, head_dim] per layer, in the model's dtype or
+float8_e4m3fn. With fp8, `k_scale` / `v_scale` (float32, [num_kv_heads] or one per tensor) divide
+K/V on store and multiply them back on load. Decode attention picks split-K (partitioned context
+plus a reduce kernel) for long contexts at small batch; see `triton_kernels.decode_num_splits`.
+
+Triton is imported on the first Triton call, not here: a CPU machine never needs it.
 """
 
 from __future__ import annotations
+
+import functools
+import importlib.util
+from types import ModuleType
 
 import torch
 
@@ -15,27 +30,54 @@ from kernels.torch_ref import (
 
 __all__ = ["paged_decode_attention", "paged_prefill_attention", "store_kv", "resolve_backend"]
 
-_BACKENDS = ("auto", "torch")
+_BACKENDS = ("auto", "torch", "triton")
+
+
+@functools.cache
+def _triton_kernels() -> ModuleType | None:
+    """The Triton kernels module, or None where triton is not installed."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from kernels import triton_kernels
+
+    return triton_kernels
 
 
 def resolve_backend(backend: str, tensor: torch.Tensor) -> str:
+    """The backend that will run for `tensor`: "torch" or "triton"."""
     if backend not in _BACKENDS:
         raise ValueError(f"kernel backend {backend!r} is not one of {_BACKENDS}")
-    return "torch"
+    if backend == "torch":
+        return "torch"
+    if backend == "auto":
+        return "triton" if tensor.is_cuda and _triton_kernels() is not None else "torch"
+    tk = _triton_kernels()
+    if tk is None:
+        raise ValueError("kernel backend 'triton' needs the triton package, which is not installed")
+    if not tensor.is_cuda and not tk.INTERPRETED:
+        raise ValueError(
+            f"kernel backend 'triton' needs CUDA tensors, got {tensor.device}; on CPU it runs only "
+            "in Triton's interpreter (TRITON_INTERPRET=1 set before the first kernel call)"
+        )
+    return "triton"
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None, backend="auto"):
-    resolve_backend(backend, k)
-    store_kv_torch(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    if resolve_backend(backend, k) == "triton":
+        _triton_kernels().store_kv_triton(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    else:
+        store_kv_torch(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=None, v_scale=None, backend="auto"
 ):
-    resolve_backend(backend, q)
-    return paged_decode_attention_torch(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale
+    impl = (
+        _triton_kernels().paged_decode_attention_triton
+        if resolve_backend(backend, q) == "triton"
+        else paged_decode_attention_torch
     )
+    return impl(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale)
 
 
 def paged_prefill_attention(
@@ -50,7 +92,11 @@ def paged_prefill_attention(
     v_scale=None,
     backend="auto",
 ):
-    resolve_backend(backend, q)
-    return paged_prefill_attention_torch(
+    impl = (
+        _triton_kernels().paged_prefill_attention_triton
+        if resolve_backend(backend, q) == "triton"
+        else paged_prefill_attention_torch
+    )
+    return impl(
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, k_scale, v_scale
     )

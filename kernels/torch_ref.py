@@ -8,12 +8,26 @@ from __future__ import annotations
 
 import torch
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
 
-def _dequant(cache: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+
+def _per_q_head(scale: torch.Tensor, hq: int, hkv: int) -> torch.Tensor:
+    """A per-KV-head ([Hkv]) or per-tensor scale as float32 [Hq, 1] (or [1, 1])."""
+    flat = scale.float().reshape(-1)
+    if flat.numel() not in (1, hkv):
+        raise ValueError(
+            f"KV scale has {flat.numel()} values; expected 1 (per tensor) or {hkv} (per KV head)"
+        )
+    return (flat if flat.numel() == 1 else flat.repeat_interleave(hq // hkv)).view(-1, 1)
+
+
+def _fold_scale(x: torch.Tensor, scale: torch.Tensor | None, hkv: int) -> torch.Tensor:
+    """x [..., Hq, D] times its KV head's scale. Folding K's scale into q and V's into the output
+    dequantizes without a multiply over the whole gathered cache: q.(k*s) == (q*s).k."""
     if scale is None:
-        return cache.to(dtype)
-    # scale is per KV head ([Hkv]) or a scalar; cache is [..., Hkv, D]
-    return cache.to(dtype) * scale.to(dtype).view(-1, 1)
+        return x
+    return (x.float() * _per_q_head(scale, x.shape[-2], hkv)).to(x.dtype)
 
 
 def store_kv_torch(
@@ -29,15 +43,21 @@ def store_kv_torch(
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
-    hkv, d = k_cache.shape[-2], k_cache.shape[-1]
-    flat_k = k_cache.view(-1, hkv, d)
-    flat_v = v_cache.view(-1, hkv, d)
-    if k_scale is not None:
-        k = k / k_scale.to(k.dtype).view(-1, 1)
-    if v_scale is not None:
-        v = v / v_scale.to(v.dtype).view(-1, 1)
-    flat_k.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    flat_v.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    _store(k, k_cache, slot_mapping, k_scale)
+    _store(v, v_cache, slot_mapping, v_scale)
+
+
+def _store(
+    x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | None
+) -> None:
+    hkv, d = cache.shape[-2], cache.shape[-1]
+    if scale is not None:
+        x = x.float() / scale.float().view(-1, 1)
+    if cache.dtype == FP8:
+        # Saturate rather than overflow; CPU torch has no index_copy_ for float8, so copy bytes.
+        x = x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8)
+        cache = cache.view(torch.uint8)
+    cache.view(-1, hkv, d).index_copy_(0, slots, x.to(cache.dtype))
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -69,8 +89,9 @@ def paged_decode_attention_torch(
     # Gather only the blocks the longest sequence needs; shorter ones are masked below.
     # index_select on the flattened table is ~1.8x faster than k_cache[tables] on CPU.
     flat = block_tables[:, :num_blocks].reshape(-1).long()
-    k = _dequant(k_cache.index_select(0, flat).view(batch, -1, hkv, d), k_scale, q.dtype)
-    v = _dequant(v_cache.index_select(0, flat).view(batch, -1, hkv, d), v_scale, q.dtype)
+    k = k_cache.index_select(0, flat).view(batch, -1, hkv, d).to(q.dtype)
+    v = v_cache.index_select(0, flat).view(batch, -1, hkv, d).to(q.dtype)
+    q = _fold_scale(q, k_scale, hkv)
     if batch == 1:
         # One sequence: cut the gathered tail instead of masking it (four fewer ops per layer).
         k, v, mask = k[:, :max_len], v[:, :max_len], None
@@ -88,7 +109,7 @@ def paged_decode_attention_torch(
         scale=scale,
         enable_gqa=hq != hkv,
     )
-    return out.view(batch, hq, d)
+    return _fold_scale(out.view(batch, hq, d), v_scale, hkv)
 
 
 def paged_prefill_attention_torch(
@@ -109,14 +130,15 @@ def paged_prefill_attention_torch(
     Its K/V must already be stored in the cache. Returns [T, Hq, D].
     """
     out = torch.empty_like(q)
-    hq = q.shape[1]
+    hq, hkv = q.shape[1], k_cache.shape[2]
+    q = _fold_scale(q, k_scale, hkv)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     for i, total in enumerate(lens):
         q_lo, q_hi = starts[i], starts[i + 1]
         n_new = q_hi - q_lo
-        k = _dequant(gather_kv(k_cache, block_tables[i], total), k_scale, q.dtype)
-        v = _dequant(gather_kv(v_cache, block_tables[i], total), v_scale, q.dtype)
+        k = gather_kv(k_cache, block_tables[i], total).to(q.dtype)
+        v = gather_kv(v_cache, block_tables[i], total).to(q.dtype)
         qi = q[q_lo:q_hi].transpose(0, 1).unsqueeze(0)  # [1, Hq, n_new, D]
         ki = k.transpose(0, 1).unsqueeze(0)
         vi = v.transpose(0, 1).unsqueeze(0)
@@ -132,4 +154,4 @@ def paged_prefill_attention_torch(
             qi, ki, vi, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=ki.shape[1] != hq
         )
         out[q_lo:q_hi] = oi.squeeze(0).transpose(0, 1)
-    return out
+    return _fold_scale(out, v_scale, hkv)

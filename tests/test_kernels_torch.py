@@ -104,3 +104,52 @@ def test_unknown_backend_is_rejected():
             torch.tensor([0]),
             backend="cuda-magic",
         )
+
+
+def test_fp8_cache_with_per_head_scales():
+    """float8 store quantizes K/V / scale (saturating at 448); attention dequantizes on load."""
+    fp8 = torch.float8_e4m3fn
+    hq, hkv, d, bs = 4, 2, 64, 8
+    k = torch.randn(11, hkv, d) * torch.tensor([1.0, 30.0]).view(1, -1, 1)  # heads differ 30x
+    v = torch.randn(11, hkv, d)
+    k[0, 0, 0] = 1e6  # far past the range: saturates instead of turning into NaN
+    k_scale, v_scale = torch.tensor([4.0, 120.0]) / 448, torch.tensor([4.0, 4.0]) / 448
+    k_cache = torch.zeros(4, bs, hkv, d, dtype=fp8)
+    v_cache = torch.zeros(4, bs, hkv, d, dtype=fp8)
+    table = [2, 0]
+    slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(11)])
+    kernels.store_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale)
+    stored = k_cache.view(-1, hkv, d)[slots].float()
+    assert stored[0, 0, 0] == 448 and stored.isfinite().all()
+    kd = stored * k_scale.view(-1, 1)
+    vd = v_cache.view(-1, hkv, d)[slots].float() * v_scale.view(-1, 1)
+    # Rounding to e4m3 (3 mantissa bits) keeps every value within 1/16 of itself.
+    torch.testing.assert_close(kd[1:], k[1:], rtol=1 / 16, atol=k_scale.max() * 2**-9)
+    q = torch.randn(1, hq, d)
+    tables = torch.tensor([table], dtype=torch.int32)
+    out = kernels.paged_decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        tables,
+        torch.tensor([11], dtype=torch.int32),
+        d**-0.5,
+        k_scale,
+        v_scale,
+    )
+    dense = _dense_attention(q, kd, vd, d**-0.5)
+    torch.testing.assert_close(out.double(), dense, atol=1e-5, rtol=1e-5)
+    qs = torch.randn(11, hq, d)
+    out = kernels.paged_prefill_attention(
+        qs,
+        k_cache,
+        v_cache,
+        tables,
+        torch.tensor([0, 11], dtype=torch.int32),
+        torch.tensor([11], dtype=torch.int32),
+        d**-0.5,
+        k_scale,
+        v_scale,
+    )
+    dense = _dense_attention(qs, kd, vd, d**-0.5, causal_offset=0)
+    torch.testing.assert_close(out.double(), dense, atol=1e-5, rtol=1e-5)

@@ -1,4 +1,9 @@
-"""The physical KV pool: one preallocated tensor holding every layer's K and V blocks."""
+"""The physical KV pool: one preallocated tensor holding every layer's K and V blocks.
+
+An fp8 pool (float8_e4m3fn) stores K/V divided by a float32 scale per layer and KV head and holds
+twice the blocks of a 16-bit pool in the same bytes. The scales start at 1 and are set once, before
+serving, by `engine.kv.calibration.calibrate_kv_scales`.
+"""
 
 from __future__ import annotations
 
@@ -27,24 +32,40 @@ class KVCache:
             dtype=dtype,
             device=device,
         )
+        self.is_fp8 = dtype == torch.float8_e4m3fn
+        # [layer, K/V, kv_head]; only an fp8 pool uses them.
+        self.scales = (
+            torch.ones((num_layers, 2, num_kv_heads), dtype=torch.float32, device=device)
+            if self.is_fp8
+            else None
+        )
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[index, 0], self.data[index, 1]
+
+    def layer_scales(self, index: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(k_scale, v_scale), each [num_kv_heads] float32, or (None, None) for a 16/32-bit pool."""
+        if self.scales is None:
+            return None, None
+        return self.scales[index, 0], self.scales[index, 1]
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole blocks (every layer, K and V) from src to dst: copy-on-write."""
         if pairs:
             src = torch.tensor([s for s, _ in pairs], device=self.data.device)
             dst = torch.tensor([d for _, d in pairs], device=self.data.device)
-            self.data[:, :, dst] = self.data[:, :, src]
+            # Bytes, so float8 pools copy the same way (CPU torch lacks float8 index kernels).
+            data = self.data.view(torch.uint8) if self.is_fp8 else self.data
+            data[:, :, dst] = data[:, :, src]
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
+        scale_bytes = 0 if self.scales is None else self.scales.numel() * 4
+        return self.data.numel() * self.data.element_size() + scale_bytes
 
     @staticmethod
     def bytes_per_block(
         num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
     ) -> int:
-        elem = torch.empty((), dtype=dtype).element_size()
+        elem = torch.empty((), dtype=dtype).element_size()  # float8: 1 byte
         return 2 * num_layers * block_size * num_kv_heads * head_dim * elem

@@ -30,15 +30,27 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Store this step's K/V into the pool, then attend through block tables. Returns [T, Hq, D]."""
-    kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    """Store this step's K/V into the pool, then attend through block tables. Returns [T, Hq, D].
+
+    k_scale / v_scale: an fp8 pool's per-KV-head scales for this layer (None otherwise). The
+    kernels run Triton on CUDA tensors and the torch reference elsewhere (backend "auto")."""
+    kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
     nd = meta.num_decode_tokens
     parts = []
     if nd:
         parts.append(
             kernels.paged_decode_attention(
-                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale
+                q[:nd],
+                k_cache,
+                v_cache,
+                meta.decode_block_tables,
+                meta.decode_seq_lens,
+                scale,
+                k_scale,
+                v_scale,
             )
         )
     if nd < q.shape[0]:
@@ -51,6 +63,8 @@ def paged_attention(
                 meta.prefill_query_start_loc,
                 meta.prefill_seq_lens,
                 scale,
+                k_scale,
+                v_scale,
             )
         )
     return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -63,6 +63,7 @@ class DecoderLayer:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
+        kv_scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
     ) -> torch.Tensor:
         cfg = self.cfg
         t = h.shape[0]
@@ -76,7 +77,7 @@ class DecoderLayer:
             q = rms_norm(q, self.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, self.k_norm, cfg.rms_norm_eps)
         q, k = apply_rotary(q, k, *rope)
-        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, *kv_scales)
         h = h + _matmul(attn.reshape(t, self.q_size), self.o_proj)
         x = rms_norm(h, self.post_norm, cfg.rms_norm_eps)
         gate, up = _matmul(x, self.gate_up).chunk(2, dim=-1)
@@ -117,7 +118,7 @@ class LlamaModel:
         rope = self.rope.cos_sin(positions)  # once per step, shared by every layer
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
-            h = layer(h, rope, k_cache, v_cache, meta)
+            h = layer(h, rope, k_cache, v_cache, meta, kv_cache.layer_scales(i))
         return rms_norm(h, self.norm, self.cfg.rms_norm_eps)
 
     @torch.inference_mode()
