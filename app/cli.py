@@ -25,6 +25,60 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
+def _byte_count(text: str) -> int:
+    from engine.planner import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", default=None, help="GGUF, HF folder or config.json (default: bundled model)"
+    )
+    p.add_argument("--layers", type=int, default=None, help="instead of --model, with the next two")
+    p.add_argument("--kv-heads", type=int, default=None)
+    p.add_argument("--head-dim", type=int, default=None)
+    p.add_argument("--dtype", default="fp16", help="KV dtype: fp32, bf16, fp16 or fp8")
+    p.add_argument("--context", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--batch", type=int, default=1, help="sequences at that context")
+    p.add_argument("--vram", type=_byte_count, default=None, help="e.g. 24GiB, 80GB, 8589934592")
+    p.add_argument("--weights", type=_byte_count, default=None, help="default: from --model")
+    p.add_argument("--weights-dtype", default=None, help="of the estimate (default: --dtype)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from engine.planner import plan_kv
+
+    try:
+        plan = plan_kv(
+            args.model,
+            num_layers=args.layers,
+            num_kv_heads=args.kv_heads,
+            head_dim=args.head_dim,
+            dtype=args.dtype,
+            context=args.context,
+            batch=args.batch,
+            block_size=args.block_size,
+            vram_bytes=args.vram,
+            weights_bytes=args.weights,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            weights_dtype=args.weights_dtype,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.table())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvscope", description="Chat with a local LLM and watch its KV cache."
@@ -57,6 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--skip-sharing", action="store_true", help="skip the prefix-cache and forking figures"
     )
+    bench.add_argument(
+        "--skip-allocators", action="store_true", help="skip the paged vs contiguous comparison"
+    )
+    bench.add_argument(
+        "--gpu",
+        action="store_true",
+        help="instead: Triton decode kernel + engine decode vs SDPA on a CUDA GPU (bench_gpu.json)",
+    )
+    _plan_args(sub.add_parser("plan", help="KV-cache memory arithmetic, no weights loaded"))
+    record = sub.add_parser("record", help="run chat requests and save the KV events to a file")
+    record.add_argument("out", help="events file (JSON lines)")
+    record.add_argument("--num-requests", type=int, default=8)
+    record.add_argument("--max-tokens-cap", type=int, default=64)
+    _engine_args(record)
+    replay = sub.add_parser("replay", help="replay a recorded KV event file, step by step")
+    replay.add_argument("events", help="file written by `kvscope record` or the app")
     return parser
 
 
@@ -66,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         from app import terminal
 
         return terminal.run(args)
+    if args.command == "plan":
+        return _run_plan(args)
+    if args.command in ("record", "replay"):
+        from app import recording
+
+        return recording.run(args)
     if args.command == "bench":
         from app.bench.run import run_bench
 

@@ -10,6 +10,7 @@ when two beams of one parent both write into it.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,8 @@ import torch
 from engine.outputs import BeamSearchOutput, BeamSequence, RequestMetrics
 from engine.sampling_params import BeamSearchParams, SamplingParams
 from engine.sequence import Request, Sequence
+
+_search_ids = itertools.count()
 
 
 @dataclass
@@ -37,8 +40,14 @@ class BeamSearchRunner:
     def __init__(self, engine) -> None:
         self.engine = engine
         self.bm = engine.block_manager
+        self.events = engine.events
 
     def run(self, prompts: list[list[int]], params: BeamSearchParams) -> list[BeamSearchOutput]:
+        if self.engine.config.allocator != "paged":
+            raise ValueError(
+                f"beam search forks beams over shared blocks; allocator "
+                f"{self.engine.config.allocator!r} cannot share them, use allocator='paged'"
+            )
         if self.engine.has_unfinished_requests():
             raise ValueError("beam search needs an idle engine: finish or abort running requests")
         searches = [_Search(len(ids), [_Beam(self._new_seq(ids), 0.0)], []) for ids in prompts]
@@ -49,15 +58,24 @@ class BeamSearchRunner:
                 self._require(self.bm.can_adopt(match, seq.num_tokens), seq.num_tokens)
                 self.bm.adopt(seq.seq_id, match)
                 seq.num_computed_tokens = len(match.block_ids) * self.bm.block_size
+                self.events.emit(
+                    "admit",
+                    seq.seq_id,
+                    query_tokens=seq.num_tokens,
+                    hit_tokens=seq.num_computed_tokens,
+                    first=True,
+                )
             while not all(s.done for s in searches):
                 self._step([s for s in searches if not s.done], params)
         finally:
             for search in searches:
                 for beam in search.beams:
-                    self.bm.free(beam.seq.seq_id)
+                    self._drop(beam)
         return [self._output(s, params) for s in searches]
 
     def _step(self, searches: list[_Search], params: BeamSearchParams) -> None:
+        self.engine.num_steps += 1
+        self.events.step = self.engine.num_steps
         items, copies = [], []
         for search in searches:
             for beam in search.beams:
@@ -78,6 +96,7 @@ class BeamSearchRunner:
             width = len(search.beams)
             self._select(search, logprobs[row : row + width], params)
             row += width
+        self.engine.emit_progress([b.seq for s in searches for b in s.beams])
 
     def _select(self, search: _Search, logprobs: torch.Tensor, params: BeamSearchParams) -> None:
         k = params.beam_width
@@ -112,7 +131,11 @@ class BeamSearchRunner:
         else:
             search.beams = [self._fork(old[p].seq, t, s) for p, t, s in survivors]
         for beam in old:
-            self.bm.free(beam.seq.seq_id)
+            self._drop(beam)
+
+    def _drop(self, beam: _Beam) -> None:
+        self.bm.free(beam.seq.seq_id)
+        self.events.emit("finish", beam.seq.seq_id, reason="beam")
 
     def _fork(self, parent: Sequence, token: int, cum_logprob: float) -> _Beam:
         child = self._new_seq(parent.token_ids + [token], parent.request)
@@ -122,10 +145,21 @@ class BeamSearchRunner:
 
     def _new_seq(self, token_ids: list[int], request: Request | None = None) -> Sequence:
         if request is None:
-            request = Request("beam", None, list(token_ids), SamplingParams(), RequestMetrics(0.0))
-        return Sequence(
+            request_id = f"beam-{next(_search_ids)}"
+            request = Request(
+                request_id, None, list(token_ids), SamplingParams(), RequestMetrics(0)
+            )
+        seq = Sequence(
             request=request, index=0, token_ids=token_ids, detokenizer=None, generator=None
         )
+        self.events.emit(
+            "add",
+            seq.seq_id,
+            request_id=f"{request.request_id}/beam",
+            sample=0,
+            num_prompt_tokens=len(request.prompt_token_ids),
+        )
+        return seq
 
     def _require(self, ok: bool, num_tokens: int) -> None:
         if not ok:

@@ -7,6 +7,7 @@ import os
 
 from engine.beam_search import BeamSearchRunner
 from engine.config import EngineConfig
+from engine.kv.snapshot import KVSnapshot
 from engine.llm_engine import LLMEngine, PromptInput
 from engine.model.loader import LoadedModel
 from engine.outputs import BeamSearchOutput, RequestOutput
@@ -96,6 +97,14 @@ class LLM:
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    def kv_snapshot(self) -> KVSnapshot:
+        """An immutable copy of the KV pool (per-block arrays, block tables, metrics)."""
+        return self.engine.kv_snapshot()
+
+    def shadow_snapshot(self) -> KVSnapshot | None:
+        """The same traffic on the naive contiguous allocator; None in contiguous mode."""
+        return self.engine.shadow_snapshot()
 
     def _run(self, work: list[tuple[PromptInput, SamplingParams]]) -> list[RequestOutput]:
         ids = []

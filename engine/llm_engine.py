@@ -9,7 +9,13 @@ import torch
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv.block_manager import BlockManager
+from engine.kv.calibration import calibrate_kv_scales, calibration_token_ids
+from engine.kv.contiguous import ContiguousBlockManager
+from engine.kv.events import EventLog, EventRecorder
 from engine.kv.kv_cache import KVCache
+from engine.kv.shadow import ContiguousShadow
+from engine.kv.snapshot import BlockState, KVSnapshot
+from engine.kv.telemetry import PoolTelemetry
 from engine.memory_profile import size_kv_pool
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
@@ -49,20 +55,38 @@ class LLMEngine:
             config.kv_torch_dtype,
             device,
         )
-        self.block_manager = BlockManager(
-            num_blocks,
-            config.block_size,
-            enable_prefix_caching=config.enable_prefix_caching,
-            cache_salt=f"{loaded.source}|{config.kv_torch_dtype}".encode(),
-        )
+        if self.kv_cache.is_fp8:
+            ids = calibration_token_ids(self.tokenizer)
+            calibrate_kv_scales(self.model, self.kv_cache, ids)
+        # A sequence may not outgrow the pool: capping here is what keeps preemption deadlock-free.
+        self.max_seq_len = min(self.max_model_len, num_blocks * config.block_size)
+        # Every change to the pool goes through this stream; the snapshot telemetry and the
+        # contiguous shadow are its observers.
+        self.events = EventLog()
+        self.telemetry = PoolTelemetry(num_blocks, config.block_size, config.allocator)
+        self.events.subscribe(self.telemetry)
+        self.shadow: ContiguousShadow | None = None
+        self._recorder: EventRecorder | None = None
+        if config.allocator == "contiguous":
+            self.block_manager = ContiguousBlockManager(
+                num_blocks, config.block_size, self.max_seq_len, self.events
+            )
+        else:
+            self.block_manager = BlockManager(
+                num_blocks,
+                config.block_size,
+                enable_prefix_caching=config.enable_prefix_caching,
+                cache_salt=f"{loaded.source}|{config.kv_torch_dtype}".encode(),
+                events=self.events,
+            )
+            self.shadow = ContiguousShadow(num_blocks, config.block_size, self.max_seq_len)
+            self.events.subscribe(self.shadow)
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.batched_tokens_limit
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager)
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         self.sampler = Sampler(self.generator)
-        # A sequence may not outgrow the pool: capping here is what keeps preemption deadlock-free.
-        self.max_seq_len = min(self.max_model_len, num_blocks * config.block_size)
         self.requests: dict[str, Request] = {}
         self.eos_token_ids = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -131,6 +155,19 @@ class LLMEngine:
                 )
             )
         self.requests[request_id] = request
+        for seq in request.sequences:
+            self.events.emit(
+                "add",
+                seq.seq_id,
+                request_id=request_id,
+                sample=seq.index,
+                num_prompt_tokens=len(ids),
+            )
+        if self.config.allocator == "contiguous":
+            # The naive allocator shares nothing: every sample prefills into its own reservation.
+            for seq in request.sequences:
+                self.scheduler.add(seq)
+            return
         # n > 1: only the first sample prefills; the others fork from it once the prompt's K/V
         # exist, sharing its blocks (copy-on-write) instead of computing the prompt n times.
         self.scheduler.add(request.sequences[0])
@@ -154,6 +191,7 @@ class LLMEngine:
     # ---- stepping ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, sample; returns outputs of requests that progressed."""
+        self.events.step = self.num_steps + 1
         batch = self.scheduler.schedule()
         if not batch.items:
             return []
@@ -167,6 +205,7 @@ class LLMEngine:
             # Before sampling may finish (and free) it: a finished prompt stays reusable.
             self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
         touched: dict[str, Request] = {}
+        stepped = [seq for seq, _ in batch.items]
         if seqs:
             seqs, logits = self._fork_pending_samples(seqs, logits)
             rows = [SamplingRow(s.request.params, s.token_ids, s.generator) for s in seqs]
@@ -175,6 +214,8 @@ class LLMEngine:
             for seq, result in zip(seqs, results, strict=True):
                 self._append_token(seq, result, now)
                 touched[seq.request.request_id] = seq.request
+            stepped += [s for s in seqs if s.index > 0]  # forked samples appear this step
+        self.emit_progress(stepped)
         outputs = []
         for request in touched.values():
             outputs.append(self._make_output(request))
@@ -182,6 +223,13 @@ class LLMEngine:
                 request.metrics.finished_time = now
                 del self.requests[request.request_id]
         return outputs
+
+    def emit_progress(self, seqs: list[Sequence]) -> None:
+        """Tell observers how far each sequence got this step (fills of its last blocks)."""
+        seen: dict[int, tuple[int, int, int]] = {}
+        for seq in seqs:
+            seen[seq.seq_id] = (seq.seq_id, seq.num_tokens, seq.num_computed_tokens)
+        self.events.emit("progress", lens=list(seen.values()))
 
     def _fork_pending_samples(
         self, seqs: list[Sequence], logits: torch.Tensor
@@ -275,7 +323,8 @@ class LLMEngine:
             "kv_blocks_free": bm.num_free_blocks,
             "kv_blocks_cached": bm.num_cached_blocks,
             "kv_blocks_peak": bm.peak_used_blocks,
-            "kv_tokens_stored": sum(s.num_computed_tokens for s in running),
+            # Physical slots holding K/V: a block shared by several sequences counts once.
+            "kv_tokens_stored": self.telemetry.tokens_stored(),
             "kv_cache_bytes": self.kv_cache.nbytes,
             "num_running": len(running),
             "num_waiting": len(self.scheduler.waiting),
@@ -287,4 +336,82 @@ class LLMEngine:
             "kv_cow_copies": bm.num_cow_copies,
             "max_model_len": self.max_model_len,
             "num_steps": self.num_steps,
+            "allocator": self.config.allocator,
+            "kv_cache_dtype": str(self.config.kv_torch_dtype).removeprefix("torch."),
         }
+
+    def kv_snapshot(self) -> KVSnapshot:
+        """An immutable copy of the pool: per-block arrays, per-sequence tables, metrics."""
+        return self.telemetry.snapshot()
+
+    def shadow_snapshot(self) -> KVSnapshot | None:
+        """The same traffic on the naive contiguous allocator (None in contiguous mode)."""
+        return self.shadow.snapshot() if self.shadow is not None else None
+
+    def block_contents(self, block_id: int) -> dict:
+        """What one physical block holds: its token ids and their text, and who holds it."""
+        if not 0 <= block_id < self.block_manager.num_blocks:
+            raise ValueError(
+                f"block id {block_id} is outside the pool [0, {self.block_manager.num_blocks})"
+            )
+        tel = self.telemetry
+        bs = self.config.block_size
+        state = BlockState(int(tel.state[block_id]))
+        owners = [
+            track.request_id for track in tel.seqs.values() if block_id in track.table
+        ]
+        token_ids: list[int] = []
+        owner = int(tel.owner[block_id])
+        index = int(tel.logical_index[block_id])
+        if state is BlockState.USED and owner >= 0:
+            seq = self._live_sequence(owner)
+            if seq is not None:
+                filled = min(bs, max(0, seq.num_computed_tokens - index * bs))
+                token_ids = seq.token_ids[index * bs : index * bs + filled]
+        elif state is BlockState.CACHED:
+            block = getattr(self.block_manager, "blocks", None)
+            if block is not None and block[block_id].token_ids is not None:
+                token_ids = list(block[block_id].token_ids)
+        return {
+            "block_id": block_id,
+            "state": state.name.lower(),
+            "owners": owners,
+            "logical_index": index,
+            "ref_count": int(tel.ref_count[block_id]),
+            "has_hash": bool(tel.has_hash[block_id]),
+            "token_ids": token_ids,
+            "text": self.tokenizer.decode(token_ids) if token_ids else "",
+        }
+
+    def _live_sequence(self, seq_id: int) -> Sequence | None:
+        for request in self.requests.values():
+            for seq in request.sequences:
+                if seq.seq_id == seq_id:
+                    return seq
+        return None
+
+    def start_recording(self, path) -> None:
+        """Write every KV event from now on to a JSON-lines file (replay with engine.kv.replay)."""
+        self.stop_recording()
+        if self.has_unfinished_requests():
+            raise ValueError("start recording on an idle engine, so the replay starts from empty")
+        self._recorder = EventRecorder(
+            path,
+            {
+                "num_blocks": self.block_manager.num_blocks,
+                "block_size": self.config.block_size,
+                "allocator": self.config.allocator,
+                "max_seq_len": self.max_seq_len,
+                "model": str(self.model_source),
+                "cached_blocks": self.telemetry.has_hash.nonzero()[0].tolist(),
+                # Cumulative counters so far, so replayed metrics match the live ones exactly.
+                "counters": self.telemetry.counters(),
+            },
+        )
+        self.events.subscribe(self._recorder)
+
+    def stop_recording(self) -> None:
+        if self._recorder is not None:
+            self.events.unsubscribe(self._recorder)
+            self._recorder.close()
+            self._recorder = None

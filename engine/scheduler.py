@@ -96,8 +96,17 @@ class Scheduler:
             bm.adopt(seq.seq_id, match)
             bm.grow(seq.seq_id, num_cached + num_new)
             seq.num_computed_tokens = num_cached
-            if seq.num_cached_tokens is None:
+            first = seq.num_cached_tokens is None
+            if first:
                 seq.num_cached_tokens = num_cached
+            if bm.events is not None:
+                bm.events.emit(
+                    "admit",
+                    seq.seq_id,
+                    query_tokens=seq.num_tokens,
+                    hit_tokens=num_cached,
+                    first=first,
+                )
             self.prefix_query_tokens += seq.num_tokens
             self.prefix_hit_tokens += num_cached
             seq.status = SequenceStatus.RUNNING
@@ -115,6 +124,8 @@ class Scheduler:
             self.waiting.remove(seq)
         self.block_manager.free(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
+        if self.block_manager.events is not None:
+            self.block_manager.events.emit("finish", seq.seq_id, reason=seq.finish_reason)
 
     def _newest_running(self, exclude: set[int]) -> Sequence:
         return next(s for s in reversed(self.running) if s.seq_id not in exclude)
@@ -126,3 +137,5 @@ class Scheduler:
         seq.status = SequenceStatus.PREEMPTED
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        if self.block_manager.events is not None:
+            self.block_manager.events.emit("preempt", seq.seq_id)

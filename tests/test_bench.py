@@ -5,6 +5,7 @@ import json
 import pytest
 from PIL import Image
 
+from app.bench.allocator_bench import compare_allocators, measure_snapshot_cost
 from app.bench.hf_baseline import load_hf_model, useful_token_count
 from app.bench.run import BenchSettings, benchmark
 from app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
@@ -16,6 +17,7 @@ TINY = dict(
     decode_steps=4,
     bandwidth_bytes=1 << 24,
     skip_sharing=True,  # measured on its own below
+    skip_allocators=True,  # likewise
 )
 
 
@@ -90,3 +92,31 @@ def test_sharing_figures(default_model):
     assert prompt_blocks <= fork["peak_blocks_n4"] < fork["peak_blocks_independent_prefix_cached"]
     assert fork["peak_blocks_independent_prefix_cached"] <= fork["peak_blocks_independent"]
     assert fork["met"] and fork["peak_blocks_beam"] < fork["peak_blocks_independent"]
+
+
+def test_allocator_comparison_on_one_pool(default_model, chat_prompts):
+    from engine import LLM
+
+    engine = LLM(model=default_model, device="cpu", dtype="float32", num_kv_blocks=4).engine
+    prompts = [
+        engine.tokenize(engine.apply_chat_template([{"role": "user", "content": p}]))[1]
+        for p in chat_prompts[:6]
+    ]
+    report = compare_allocators(default_model, prompts, [6] * 6, num_blocks=32, max_model_len=128)
+    paged, naive = report["paged"], report["contiguous"]
+    assert paged["generated_tokens"] == naive["generated_tokens"] == 36
+    # 32 blocks / 8 per 128-token reservation: 4 at once; the paged pool runs all 6.
+    assert naive["peak_concurrent_sequences"] == 4 and paged["peak_concurrent_sequences"] == 6
+    assert report["concurrency_ratio"] == 1.5
+    assert naive["useful_slot_share_mean"] < 0.5 < paged["useful_slot_share_mean"] <= 1.0
+    assert naive["num_preemptions"] == 0
+    assert set(report["targets"]) == {
+        "concurrency_ratio",
+        "paged_useful_share",
+        "contiguous_useful_share",
+    }
+
+
+def test_snapshot_cost_is_measured_on_a_full_pool():
+    cost = measure_snapshot_cost(num_blocks=6400, repeats=3)
+    assert cost["blocks_used"] == 6400 and cost["snapshot_ms_median"] > 0

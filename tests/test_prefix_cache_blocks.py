@@ -10,8 +10,11 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from kv_checks import assert_telemetry_matches
 
 from engine.kv.block_manager import BlockManager
+from engine.kv.events import EventLog, KVEvent
+from engine.kv.telemetry import PoolTelemetry
 
 
 def _cached_bm(num_blocks: int = 8, block_size: int = 4) -> BlockManager:
@@ -295,7 +298,15 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     @initialize(num_blocks=st.integers(3, 16), block_size=st.sampled_from([1, 2, 4]))
     def setup(self, num_blocks, block_size):
-        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
+        self.events = EventLog()
+        self.telemetry = PoolTelemetry(num_blocks, block_size)
+        self.events.subscribe(self.telemetry)
+        # A second observer fed through the JSON form of every event: what a replay sees.
+        self.replayed = PoolTelemetry(num_blocks, block_size)
+        self.events.subscribe(lambda e: self.replayed(KVEvent.from_json(e.to_json())))
+        self.bm = BlockManager(
+            num_blocks, block_size, enable_prefix_caching=True, events=self.events
+        )
         self.bs = block_size
         self.seqs: dict[int, list[int]] = {}  # every token of a sequence is computed here
         self.content: dict[int, list[tuple[int, ...] | None]] = {}
@@ -307,6 +318,12 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             block = self.content.setdefault(table[p // self.bs], [None] * self.bs)
             block[p % self.bs] = tuple(tokens[: p + 1])
         self.bm.cache_full_blocks(seq_id, tokens, len(tokens))
+        self.events.emit("progress", lens=[(seq_id, len(tokens), len(tokens))])
+
+    def _add(self, seq_id: int, num_tokens: int) -> None:
+        self.events.emit(
+            "add", seq_id, request_id=f"r/{seq_id}", sample=0, num_prompt_tokens=num_tokens
+        )
 
     def _pick(self, data) -> int:
         return data.draw(st.sampled_from(sorted(self.seqs)))
@@ -321,6 +338,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         if not bm.can_adopt(match, len(tokens)):
             return
         seq_id, self.next_id = self.next_id, self.next_id + 1
+        self._add(seq_id, len(tokens))
         bm.adopt(seq_id, match)
         assert bm.grow(seq_id, len(tokens)) == []
         self.seqs[seq_id] = list(tokens)
@@ -356,6 +374,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def fork(self, data):
         parent = self._pick(data)
         child, self.next_id = self.next_id, self.next_id + 1
+        self._add(child, len(self.seqs[parent]))
         self.bm.fork(parent, child)
         self.seqs[child] = list(self.seqs[parent])
 
@@ -364,7 +383,20 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def free(self, data):
         seq_id = self._pick(data)
         self.bm.free(seq_id)
+        self.events.emit("finish", seq_id)
         del self.seqs[seq_id]
+
+    @invariant()
+    def telemetry_mirrors_the_pool(self):
+        if not hasattr(self, "bm"):
+            return
+        assert_telemetry_matches(self.telemetry, self.bm)
+        bs = self.bs
+        filled = self.telemetry.filled_slots()
+        for seq_id, tokens in self.seqs.items():
+            for i, b in enumerate(self.bm.table(seq_id)):
+                assert filled[b] == min(bs, len(tokens) - i * bs), f"block {b} fill"
+        assert self.telemetry.snapshot().equals(self.replayed.snapshot())
 
     @invariant()
     def bookkeeping_is_exact(self):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import transformers
 
+from app.bench.allocator_bench import compare_allocators
 from app.bench.engine_bench import DecodeTiming, measure_engine_decode, run_engine_workload
 from app.bench.hf_baseline import HFRunResult, load_hf_model, measure_hf_decode, run_hf_batched
 from app.bench.machine import ContentionMeter, machine_info
@@ -36,6 +37,7 @@ class BenchSettings:
     decode_steps: int = 64
     skip_hf: bool = False
     skip_sharing: bool = False
+    skip_allocators: bool = False
     bandwidth_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
@@ -49,6 +51,10 @@ class BenchSettings:
 
 def run_bench(args: argparse.Namespace) -> int:
     """CLI entry: settings from `kvscope bench` flags; prints a summary."""
+    if getattr(args, "gpu", False):
+        from app.bench.gpu import run_gpu_bench
+
+        return run_gpu_bench(args)
     settings = BenchSettings(
         out=Path(args.out),
         workload=Path(args.workload) if args.workload else None,
@@ -59,6 +65,7 @@ def run_bench(args: argparse.Namespace) -> int:
         decode_steps=args.decode_steps,
         skip_hf=args.skip_hf,
         skip_sharing=args.skip_sharing,
+        skip_allocators=args.skip_allocators,
     )
     report = benchmark(settings)
     print(summarize(report))
@@ -110,6 +117,10 @@ def benchmark(
                 "prefix_cache_ttft": measure_prefix_ttft(loaded, settings.workload),
                 "fork_peak_blocks": measure_fork_blocks(loaded, settings.workload),
             }
+    allocators = None
+    if not settings.skip_allocators:
+        with meter.phase("allocators"):
+            allocators = compare_allocators(loaded, prompts, max_tokens)
     with meter.phase("bandwidth"):
         bandwidth = measure_read_bandwidth(settings.bandwidth_bytes)
     kv_bytes = kv_bytes_per_token(
@@ -142,6 +153,7 @@ def benchmark(
             "hf_mean_tokens_per_s": hf_decode.mean_tokens_per_s if hf_decode else None,
         },
         "sharing": sharing,
+        "allocators": allocators,
         "targets": {
             "useful_throughput_vs_hf_static": _target(speedup, THROUGHPUT_TARGET),
             "decode_batch1_vs_roofline": _target(roofline_share, ROOFLINE_TARGET),
@@ -226,6 +238,22 @@ def summarize(report: dict) -> str:
             f"{fork['peak_blocks_beam']} ({fork['beam_cow_copies']} CoW copies); n=4 saves "
             f"{100 * fork['n4_saving_vs_independent']:.0f}% (target >= "
             f"{100 * fork['target']:.0f}%)"
+        )
+    if report.get("allocators"):
+        a = report["allocators"]
+        p, c, snap = a["paged"], a["contiguous"], a["snapshot_cost"]
+        lines.append(
+            f"  allocators on {p['num_blocks']} blocks, max_model_len {p['max_model_len']}: "
+            f"peak running paged {p['peak_concurrent_sequences']} vs contiguous "
+            f"{c['peak_concurrent_sequences']} ({a['concurrency_ratio']:.1f}x, target >= 2.5); "
+            f"useful-slot share {100 * p['useful_slot_share_mean']:.1f}% vs "
+            f"{100 * c['useful_slot_share_mean']:.1f}%; {p['tokens_per_s']:.1f} vs "
+            f"{c['tokens_per_s']:.1f} tok/s"
+        )
+        lines.append(
+            f"  KVSnapshot of {snap['num_blocks']} blocks: {snap['snapshot_ms_median']:.2f} ms "
+            f"median (target < {snap['target_ms']:.0f} ms), contiguous shadow "
+            f"{snap['shadow_snapshot_ms_median']:.2f} ms"
         )
     for name, t in report["targets"].items():
         if t["ratio"] is not None:

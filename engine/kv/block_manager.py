@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from engine.kv.events import EventLog
+
 
 class NoFreeBlocksError(RuntimeError):
     """Raised when an allocation is attempted without checking capacity first."""
@@ -49,6 +51,7 @@ class BlockManager:
         block_size: int,
         enable_prefix_caching: bool = False,
         cache_salt: bytes = b"",
+        events: EventLog | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
@@ -66,6 +69,8 @@ class BlockManager:
         self.num_evictions = 0
         self.num_cow_copies = 0
         self.peak_used_blocks = 0
+        # Observers (KVSnapshot telemetry, the contiguous shadow, recorders) follow this stream.
+        self.events = events
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -149,6 +154,8 @@ class BlockManager:
         self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks)
         self.tables[seq_id] = list(match.block_ids)
         self._hashes[seq_id] = list(match.hashes)
+        if self.events is not None and match.block_ids:
+            self.events.emit("cache_hit", seq_id, match.block_ids, 0)
 
     def cache_full_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
         """Hash the sequence's blocks that became full of computed tokens since the last call."""
@@ -157,6 +164,7 @@ class BlockManager:
         bs = self.block_size
         hashes = self._hashes.setdefault(seq_id, [])
         table = self.tables[seq_id]
+        newly_hashed = []
         for i in range(len(hashes), num_computed // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             parent = hashes[-1] if hashes else None
@@ -168,6 +176,9 @@ class BlockManager:
             if block.block_hash is None and h not in self.hash_to_block:
                 block.block_hash, block.token_ids, block.parent_hash = h, tokens, parent
                 self.hash_to_block[h] = block.block_id
+                newly_hashed.append(block.block_id)
+        if self.events is not None and newly_hashed:
+            self.events.emit("hashed", seq_id, newly_hashed)
 
     # ---- mutations -----------------------------------------------------------------------
     def _take_free_block(self) -> Block:
@@ -180,6 +191,8 @@ class BlockManager:
         del self.hash_to_block[block.block_hash]
         block.block_hash = block.token_ids = block.parent_hash = None
         self.num_evictions += 1
+        if self.events is not None:
+            self.events.emit("evict", -1, (block_id,))
         return block
 
     def grow(
@@ -203,10 +216,15 @@ class BlockManager:
             table[index] = private.block_id
             copies.append((shared.block_id, private.block_id))
             self.num_cow_copies += 1
+            if self.events is not None:
+                self.events.emit("cow", seq_id, (shared.block_id, private.block_id), index)
+        start = len(table)
         for _ in range(self.num_new_blocks_needed(seq_id, total_tokens)):
             block = self._take_free_block()
             block.ref_count = 1
             table.append(block.block_id)
+        if self.events is not None and len(table) > start:
+            self.events.emit("alloc", seq_id, table[start:], start)
         return copies
 
     def fork(self, parent_id: int, child_id: int) -> None:
@@ -217,11 +235,15 @@ class BlockManager:
             self.blocks[block_id].ref_count += 1
         self.tables[child_id] = list(table)
         self._hashes[child_id] = list(self._hashes.get(parent_id, []))
+        if self.events is not None:
+            self.events.emit("fork", child_id, table, 0, parent=parent_id)
 
     def free(self, seq_id: int) -> list[int]:
         """Drop the sequence's table; blocks whose ref count hits zero return to a free list."""
         table = self.tables.pop(seq_id, [])
         self._hashes.pop(seq_id, None)
+        if self.events is not None and table:
+            self.events.emit("free", seq_id, table, 0)
         released = []
         # Tail blocks first, so eviction takes a sequence's end before its shared start.
         for block_id in reversed(table):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ BLOCK_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 ROPE_FREQS = "rope_freqs.weight"
+_NO_DATA = torch.empty(0)  # stands in for tensors whose values gguf_config never reads
 
 
 def load_gguf(path: Path) -> LoadedModel:
@@ -49,12 +51,7 @@ def load_gguf(path: Path) -> LoadedModel:
         raise FileNotFoundError(f"GGUF file does not exist: {path}")
     gguf_file = read_gguf(path)
     metadata = gguf_file.metadata
-    arch = metadata.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"{path}: GGUF architecture {arch!r} is not supported (supported: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
+    arch = _architecture(metadata, path)
     row_orders = _rope_row_orders(gguf_file, arch) if arch in PERMUTED_QK_ARCHITECTURES else {}
     tensors = _dequantize_all(gguf_file, row_orders)
     config = _config(metadata, arch, tensors, path)
@@ -62,6 +59,26 @@ def load_gguf(path: Path) -> LoadedModel:
     check_weights(config, weights, str(path))
     tokenizer = _tokenizer(metadata, path)
     return LoadedModel(config, weights, tokenizer, source=str(path), kind="gguf")
+
+
+def gguf_config(gguf_file: GGUFFile) -> ModelConfig:
+    """The ModelConfig from the header alone; of the tensors only a llama3 `rope_freqs` is read."""
+    arch = _architecture(gguf_file.metadata, gguf_file.path)
+    # _config needs tensor names only, plus the values of rope_freqs (one float per frequency).
+    rope_freqs = [t for t in gguf_file.tensors if t.name == ROPE_FREQS]
+    tensors = {t.name: _NO_DATA for t in gguf_file.tensors}
+    tensors |= _dequantize_all(replace(gguf_file, tensors=rope_freqs), {})
+    return _config(gguf_file.metadata, arch, tensors, gguf_file.path)
+
+
+def _architecture(metadata: dict[str, Any], path: Path) -> str:
+    arch = metadata.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{path}: GGUF architecture {arch!r} is not supported (supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    return arch
 
 
 def _rope_row_orders(gguf_file: GGUFFile, arch: str) -> dict[str, np.ndarray]:

@@ -40,6 +40,17 @@ def load_hf_folder(path: Path) -> LoadedModel:
     return LoadedModel(config, weights, tokenizer, source=str(path), kind="hf")
 
 
+def hf_config(path: Path) -> ModelConfig:
+    """The ModelConfig from config.json alone: no weights, no tokenizer (eos from config.json)."""
+    path = Path(path)
+    hf = _read_json(path / "config.json")
+    arch = _architecture(hf, path)
+    try:
+        return _config(hf, arch, tuple(dict.fromkeys(_ids(hf.get("eos_token_id")))), path)
+    except KeyError as e:
+        raise ValueError(f"{path / 'config.json'} lacks the key {e}") from e
+
+
 def _read_json(file: Path) -> dict:
     if not file.is_file():
         raise ValueError(f"{file} is missing; an HF model folder needs it")

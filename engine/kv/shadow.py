@@ -1,0 +1,106 @@
+"""The contiguous shadow: the live paged engine's traffic replayed onto a naive allocator.
+
+It listens to the paged engine's events (requests added, admitted, grown, finished) and places
+the same sequences on a simulated pool of the same size with max-length contiguous reservations,
+without running the model. Sequences it cannot place wait in its own FIFO queue, so the app can
+show side by side how much the naive scheme reserves but never fills, where its holes are, and
+how many requests it would make wait that the paged engine is already serving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+
+from engine.kv.block_manager import PrefixMatch
+from engine.kv.contiguous import ContiguousBlockManager
+from engine.kv.events import EventLog, KVEvent
+from engine.kv.snapshot import KVSnapshot
+from engine.kv.telemetry import PoolTelemetry
+
+_NO_MATCH = PrefixMatch([], [])
+
+
+class ContiguousShadow:
+    def __init__(self, num_blocks: int, block_size: int, max_seq_len: int) -> None:
+        self.log = EventLog(capacity=1)  # the shadow's own events only feed its telemetry
+        self.telemetry = PoolTelemetry(num_blocks, block_size, allocator="contiguous-shadow")
+        self.log.subscribe(self.telemetry)
+        # A pool too small for even one reservation leaves every request waiting.
+        self.bm = ContiguousBlockManager(
+            num_blocks, block_size, min(max_seq_len, num_blocks * block_size), self.log
+        )
+        self.capacity = self.bm.reservation_blocks * block_size
+        self.queue: deque[int] = deque()
+        self.placed: set[int] = set()
+        self.live_in_paged: set[int] = set()  # running in the real engine
+        self.computed: dict[int, int] = {}
+
+    def __call__(self, event: KVEvent) -> None:
+        self.log.step = event.step
+        handler = getattr(self, f"_on_{event.kind}", None)
+        if handler is not None:
+            handler(event)
+
+    def _on_add(self, e: KVEvent) -> None:
+        self.log.emit("add", e.seq_id, **e.data)
+
+    def _on_admit(self, e: KVEvent) -> None:
+        self.live_in_paged.add(e.seq_id)
+        if e.seq_id not in self.placed and e.seq_id not in self.queue:
+            self.queue.append(e.seq_id)
+            self._place_waiting()
+
+    def _on_fork(self, e: KVEvent) -> None:
+        # No sharing in the naive scheme: a forked sample needs its own reservation.
+        self.computed[e.seq_id] = self.computed.get(e.data["parent"], 0)
+        self._on_admit(e)
+
+    def _on_preempt(self, e: KVEvent) -> None:
+        self.live_in_paged.discard(e.seq_id)
+
+    def _on_progress(self, e: KVEvent) -> None:
+        lens = []
+        for seq_id, num_tokens, num_computed in e.data["lens"]:
+            # A preempted-and-recomputed sequence never lost its K/V here: keep the maximum.
+            computed = max(num_computed, self.computed.get(seq_id, 0))
+            computed = min(computed, self.capacity)  # an observer must never fail a step
+            self.computed[seq_id] = computed
+            if seq_id in self.placed:
+                self.bm.grow(seq_id, computed)
+                lens.append((seq_id, num_tokens, computed))
+            else:
+                lens.append((seq_id, num_tokens, 0))
+        self.log.emit("progress", lens=lens)
+
+    def _on_finish(self, e: KVEvent) -> None:
+        self.live_in_paged.discard(e.seq_id)
+        self.computed.pop(e.seq_id, None)
+        if e.seq_id in self.placed:
+            self.placed.discard(e.seq_id)
+            self.bm.free(e.seq_id)
+        elif e.seq_id in self.queue:
+            self.queue.remove(e.seq_id)
+        self.log.emit("finish", e.seq_id, **e.data)
+        self._place_waiting()
+
+    def _place_waiting(self) -> None:
+        # Strict FIFO, like the engine's own admission: the head blocks those behind it.
+        while self.queue and self.bm.can_adopt(_NO_MATCH, 0):
+            seq_id = self.queue.popleft()
+            self.bm.adopt(seq_id, _NO_MATCH)
+            self.placed.add(seq_id)
+            computed = self.computed.get(seq_id, 0)
+            self.log.emit("admit", seq_id, query_tokens=0, hit_tokens=0, first=True)
+            if computed:
+                self.bm.grow(seq_id, computed)
+
+    @property
+    def num_would_wait(self) -> int:
+        """Sequences the paged engine is running that the naive allocator could not place."""
+        return sum(s in self.live_in_paged for s in self.queue)
+
+    def snapshot(self) -> KVSnapshot:
+        snap = self.telemetry.snapshot()
+        metrics = dataclasses.replace(snap.metrics, num_would_wait=self.num_would_wait)
+        return dataclasses.replace(snap, metrics=metrics)

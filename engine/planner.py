@@ -1,0 +1,346 @@
+"""KV-cache arithmetic from a model's config alone: bytes per token, blocks, what fits in VRAM.
+
+Nothing here loads weights. A model's shape comes from config.json, a GGUF header, or three
+numbers; the figures are the ones our engine uses, so `predict_num_blocks` equals the pool
+`LLM(kv_cache_memory=...)` builds.
+
+The budget is `vram x gpu_memory_utilization - weights`. The engine on CUDA also subtracts one
+step's activations, which it measures at load; the plan leaves them out, so on a GPU its block
+count is an upper bound. Weights not given are estimated as every tensor the forward keeps
+(`expected_weight_shapes`) at the weights dtype: our engine dequantizes GGUF files to its
+compute dtype at load, so a file's quantized size on disk is not what it holds in memory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import asdict, dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+from engine.model.model_config import ModelConfig
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+WEIGHT_DTYPES = ("fp32", "bf16", "fp16")
+_DTYPE_ALIASES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+}
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # the engine's default
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    **{p + "b": 1000 ** (i + 1) for i, p in enumerate("kmgtp")},
+    **{p + "ib": 1024 ** (i + 1) for i, p in enumerate("kmgtp")},
+}
+_BYTES_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+def dtype_name(dtype: object) -> str:
+    """Canonical KV dtype name ("fp32", "bf16", "fp16", "fp8") of a name or a torch.dtype."""
+    key = str(dtype).lower().removeprefix("torch.")
+    name = _DTYPE_ALIASES.get(key, key)
+    if name not in DTYPE_BYTES:
+        raise ValueError(
+            f"dtype {dtype!r} is not one of {tuple(DTYPE_BYTES)} (or {tuple(_DTYPE_ALIASES)})"
+        )
+    return name
+
+
+def parse_bytes(text: str | int) -> int:
+    """'24GiB', '7.5GB', '512MiB', '1.5TB' or a plain integer -> bytes.
+
+    KB/MB/GB/TB/PB are powers of 1000, KiB/MiB/GiB/TiB/PiB powers of 1024; fractions of a byte
+    round to the nearest byte.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"byte count {text} is negative")
+        return text
+    match = _BYTES_RE.fullmatch(str(text))
+    unit = match and _BYTE_UNITS.get(match.group(2).lower())
+    if not unit:
+        raise ValueError(
+            f"{text!r} is not a byte count: use an integer or a number with a unit "
+            "(B, KB, MB, GB, TB, PB = powers of 1000; KiB, MiB, GiB, TiB, PiB = powers of 1024)"
+        )
+    try:
+        value = Decimal(match.group(1)) * unit
+    except InvalidOperation as e:
+        raise ValueError(f"{text!r} is not a byte count") from e
+    return int(value.to_integral_value())
+
+
+def format_bytes(n: int) -> str:
+    """Exact count plus decimal and binary readings: '26,843,545,600 B (26.84 GB, 25.00 GiB)'."""
+    if abs(n) < 1000:
+        return f"{n:,} B"
+    return f"{n:,} B ({_scaled(n, 1000, 'B')}, {_scaled(n, 1024, 'iB')})"
+
+
+def _scaled(n: int, base: int, suffix: str) -> str:
+    value, prefix = float(n), ""
+    for next_prefix in "KMGTP":
+        if abs(value) < base:
+            break
+        value, prefix = value / base, next_prefix
+    return f"{value:.2f} {prefix}{suffix if prefix else 'B'}"
+
+
+def model_config(model: ModelConfig | object | str | os.PathLike | None = None) -> ModelConfig:
+    """A ModelConfig without weights: from a ModelConfig or LoadedModel, a .gguf file, an HF
+    folder or its config.json, a folder holding one .gguf, or None / "default" (bundled model).
+    """
+    if isinstance(model, ModelConfig):
+        return model
+    if isinstance(getattr(model, "config", None), ModelConfig):  # a LoadedModel
+        return model.config
+    # Imported here: the loaders bring in transformers, which plans from flags never need.
+    from engine.model.gguf_file import read_gguf
+    from engine.model.gguf_loader import gguf_config
+    from engine.model.hf_loader import hf_config
+    from engine.model.loader import default_model_path
+
+    path = default_model_path() if model in (None, "default") else Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path does not exist: {path}")
+    if path.is_file() and path.suffix.lower() == ".json":
+        return hf_config(path.parent)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return hf_config(path)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) != 1:
+            raise ValueError(
+                f"{path} has no config.json and {len(ggufs)} .gguf files "
+                "(expected an HF folder, its config.json, or exactly one .gguf)"
+            )
+        path = ggufs[0]
+    if path.suffix.lower() != ".gguf":
+        raise ValueError(f"{path} is neither a .gguf file, a config.json nor a model folder")
+    return gguf_config(read_gguf(path))
+
+
+def estimate_weight_bytes(mc: ModelConfig, dtype: str = "fp16") -> int:
+    """Bytes of every tensor the engine's forward keeps, at `dtype` (a tied head counts once)."""
+    from engine.model.loader import expected_weight_shapes
+
+    name = dtype_name(dtype)
+    if name not in WEIGHT_DTYPES:
+        raise ValueError(f"weights dtype {dtype!r} is not one of {WEIGHT_DTYPES}")
+    elements = sum(math.prod(shape) for shape in expected_weight_shapes(mc).values())
+    return elements * DTYPE_BYTES[name]
+
+
+def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: object) -> int:
+    """K and V, every layer: 2 x layers x kv_heads x head_dim x dtype bytes."""
+    return 2 * num_layers * num_kv_heads * head_dim * DTYPE_BYTES[dtype_name(dtype)]
+
+
+def predict_num_blocks(
+    model: ModelConfig | object | str | os.PathLike | None,
+    block_size: int,
+    kv_dtype: object,
+    kv_budget_bytes: int,
+) -> int:
+    """Blocks the engine's pool gets for a KV byte budget (its `kv_cache_memory`)."""
+    mc = model_config(model)
+    _check_positive("block_size", block_size)
+    per_block = block_size * bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
+    return max(0, int(kv_budget_bytes)) // per_block
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    model: str  # a label: file or folder name, or "flags"
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    dtype_bytes: int
+    context: int  # tokens per sequence, prompt and output together
+    model_max_context: int | None  # the model's max_position_embeddings; None from flags
+    batch: int
+    block_size: int
+    bytes_per_token: int
+    bytes_per_sequence: int  # context x bytes_per_token: the exact tokens
+    batch_bytes: int
+    bytes_per_block: int
+    blocks_per_sequence: int  # ceil(context / block_size): a paged pool allocates whole blocks
+    batch_blocks: int
+    vram_bytes: int | None
+    gpu_memory_utilization: float
+    weights_bytes: int | None
+    weights_source: str  # "given" | "estimated" | "none" (counted as 0)
+    weights_dtype: str | None  # of an estimate
+    kv_budget_bytes: int | None  # vram x utilization - weights, at least 0; None without vram
+    budget_deficit_bytes: int | None  # how far weights overrun vram x utilization
+    num_blocks: int | None  # blocks in the budget
+    max_tokens_in_budget: int | None
+    max_sequences_at_context: int | None
+    fits: bool | None  # batch x blocks_per_sequence <= num_blocks; None without vram
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> str:
+        """The plan as aligned 'label  value' lines for a terminal."""
+        rows = [
+            ("model", self.model),
+            (
+                "layers x KV heads x head dim",
+                f"{self.num_layers} x {self.num_kv_heads} x {self.head_dim}",
+            ),
+            ("KV dtype", f"{self.dtype} ({self.dtype_bytes} B)"),
+            ("bytes per token", format_bytes(self.bytes_per_token)),
+            (
+                "bytes per sequence",
+                f"{format_bytes(self.bytes_per_sequence)} at {self.context:,} tokens",
+            ),
+            *(
+                [("context warning", f"the model attends to at most {self.model_max_context:,}")]
+                if self.model_max_context and self.context > self.model_max_context
+                else []
+            ),
+            ("batch bytes", f"{format_bytes(self.batch_bytes)} for {self.batch} sequences"),
+            ("block size", f"{self.block_size} tokens, {format_bytes(self.bytes_per_block)}"),
+            ("blocks per sequence", f"{self.blocks_per_sequence:,}"),
+            ("blocks for the batch", f"{self.batch_blocks:,}"),
+        ]
+        if self.vram_bytes is None:
+            rows.append(("budget", "no VRAM size given: nothing to fit against"))
+        else:
+            if self.weights_bytes is None:
+                weights = "0 (not given)"
+            else:
+                weights = f"{format_bytes(self.weights_bytes)}, {self.weights_source}"
+                if self.weights_dtype:
+                    weights += f" at {self.weights_dtype}"
+            rows += [
+                ("VRAM", f"{format_bytes(self.vram_bytes)} x {self.gpu_memory_utilization}"),
+                ("weights", weights),
+                ("KV budget", format_bytes(self.kv_budget_bytes)),
+            ]
+            if self.budget_deficit_bytes:
+                rows.append(("weights overrun", format_bytes(self.budget_deficit_bytes)))
+            rows += [
+                ("blocks in budget", f"{self.num_blocks:,}"),
+                ("tokens in budget", f"{self.max_tokens_in_budget:,}"),
+                ("sequences at context", f"{self.max_sequences_at_context:,}"),
+                ("fits", "yes" if self.fits else "NO"),
+            ]
+        width = max(len(label) for label, _ in rows)
+        return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def plan_kv(
+    model: ModelConfig | object | str | os.PathLike | None = None,
+    *,
+    context: int,
+    dtype: object = "fp16",
+    batch: int = 1,
+    block_size: int = 16,
+    vram_bytes: int | str | None = None,
+    weights_bytes: int | str | None = None,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    weights_dtype: str | None = None,
+    num_layers: int | None = None,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
+) -> KVPlan:
+    """The KV plan for `model` (see `model_config`), or for explicit layers / heads / head dim.
+
+    Without `weights_bytes`, a model's weights are estimated at `weights_dtype` (default: the KV
+    dtype, or fp16 for an fp8 cache); a plan from explicit numbers counts them as 0.
+    """
+    shape = {"num_layers": num_layers, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
+    if any(v is not None for v in shape.values()):
+        if model is not None:
+            raise ValueError("give a model or num_layers/num_kv_heads/head_dim, not both")
+        missing = [name for name, v in shape.items() if v is None]
+        if missing:
+            raise ValueError(f"a plan without a model needs {', '.join(missing)} as well")
+        mc, label = None, "flags"
+    else:
+        mc = model_config(model)
+        num_layers, num_kv_heads, head_dim = mc.num_layers, mc.num_kv_heads, mc.head_dim
+        label = mc.name or "model"
+    for name, value in (
+        ("num_layers", num_layers),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+        ("context", context),
+        ("batch", batch),
+        ("block_size", block_size),
+    ):
+        _check_positive(name, value)
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    kv_dtype = dtype_name(dtype)
+    per_token = bytes_per_token(num_layers, num_kv_heads, head_dim, kv_dtype)
+    per_block = per_token * block_size
+    blocks_per_seq = -(-context // block_size)
+
+    vram = None if vram_bytes is None else parse_bytes(vram_bytes)
+    if vram is not None and vram < 1:
+        raise ValueError(f"vram must be a positive byte count, got {vram_bytes!r}")
+    weights, source, w_dtype = None, "none", None
+    if weights_bytes is not None:
+        weights, source = parse_bytes(weights_bytes), "given"
+    elif mc is not None:
+        w_dtype = dtype_name(weights_dtype or ("fp16" if kv_dtype == "fp8" else kv_dtype))
+        weights, source = estimate_weight_bytes(mc, w_dtype), "estimated"
+
+    budget = deficit = num_blocks = max_tokens = max_seqs = fits = None
+    if vram is not None:
+        raw = int(vram * gpu_memory_utilization) - (weights or 0)  # the engine's rounding
+        budget, deficit = max(raw, 0), max(-raw, 0)
+        num_blocks = budget // per_block
+        max_tokens = num_blocks * block_size
+        max_seqs = num_blocks // blocks_per_seq
+        fits = batch * blocks_per_seq <= num_blocks
+
+    return KVPlan(
+        model=label,
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=kv_dtype,
+        dtype_bytes=DTYPE_BYTES[kv_dtype],
+        context=context,
+        model_max_context=mc.max_position_embeddings if mc else None,
+        batch=batch,
+        block_size=block_size,
+        bytes_per_token=per_token,
+        bytes_per_sequence=per_token * context,
+        batch_bytes=per_token * context * batch,
+        bytes_per_block=per_block,
+        blocks_per_sequence=blocks_per_seq,
+        batch_blocks=blocks_per_seq * batch,
+        vram_bytes=vram,
+        gpu_memory_utilization=gpu_memory_utilization,
+        weights_bytes=weights,
+        weights_source=source,
+        weights_dtype=w_dtype,
+        kv_budget_bytes=budget,
+        budget_deficit_bytes=deficit,
+        num_blocks=num_blocks,
+        max_tokens_in_budget=max_tokens,
+        max_sequences_at_context=max_seqs,
+        fits=fits,
+    )
+
+
+def _check_positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
