@@ -52,3 +52,39 @@ def chat_prompts():
 
     workload = json.loads((Path(__file__).parent.parent / "assets" / "chat_mixed.json").read_text())
     return [c["messages"][-1]["content"] for c in workload["chat"]]
+
+
+@pytest.fixture()
+def make_window(qtbot, default_model, tmp_path):
+    """MainWindow factory on the preloaded model, a small CPU pool and a per-test chats DB.
+
+    Keyword arguments set engine knobs (block_size=32) or sampling (max_tokens=4). Waits until
+    the engine is up."""
+    from app.settings import AppSettings, EngineSettings, SamplingSettings
+    from app.window import MainWindow
+
+    engine_keys = {f for f in EngineSettings.__dataclass_fields__}
+    windows = []
+
+    def make(**overrides):
+        engine = {"device": "cpu", "dtype": "float32", "kv_budget_mib": 32}
+        sampling = {"max_tokens": 6, "temperature": 0.0}
+        for key, value in overrides.items():
+            (engine if key in engine_keys else sampling)[key] = value
+        settings = AppSettings(
+            engine=EngineSettings(**engine), sampling=SamplingSettings(**sampling)
+        )
+        window = MainWindow(
+            settings=settings,
+            loaded_model=default_model,
+            store_path=tmp_path / "chats.sqlite3",
+            persist_settings=False,
+        )
+        windows.append(window)  # qtbot holds widgets weakly; the engine thread must be shut
+        window.show()
+        qtbot.waitUntil(lambda: window.engine_info is not None, timeout=120_000)
+        return window
+
+    yield make
+    for window in windows:
+        window.close()

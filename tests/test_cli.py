@@ -69,3 +69,12 @@ def test_demo_window_saves_a_screenshot(tmp_path):
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The demo chats are real conversations, stored like any other.
+    from app.chat.store import ChatStore
+
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    chats = store.conversations()
+    assert len(chats) == 2
+    for chat in chats:
+        assert [m.role for m in store.messages(chat.id)] == ["user", "assistant"]
+    store.close()

@@ -1,0 +1,119 @@
+"""Rates derived from successive snapshots and stats: tokens/s, recent prefix hit rate, memory.
+
+Tokens/s counts generated tokens: each live sequence's growth in num_tokens since the previous
+snapshot (a sequence seen for the first time adds what it generated beyond its prompt). A
+sequence that starts and finishes between two snapshots (~0.1 s apart) is missed, so the figure
+can read slightly low; it is the rate the map shows, measured on the GUI's clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from engine.kv.snapshot import KVSnapshot
+
+GIB = 1 << 30
+
+
+@dataclass
+class Memory:
+    """What the memory tile and plot show, read tolerantly from DeviceMemory.to_dict()."""
+
+    headline: str
+    detail: str
+    used_gib: float  # device memory used (all processes), or process RSS on CPU
+    process_gib: float  # this process: on the GPU (NVML or torch), NaN when unknown
+    tooltip: str
+
+
+def _gib(value: object) -> float:
+    return value / GIB if isinstance(value, (int, float)) else math.nan
+
+
+def read_memory(device_memory: dict | None) -> Memory:
+    dm = device_memory or {}
+    gpus = [g for g in dm.get("gpus") or () if isinstance(g, dict)]
+    rss = _gib(dm.get("process_rss"))
+    torch_alloc = _gib(dm.get("torch_allocated"))
+    torch_reserved = _gib(dm.get("torch_reserved"))
+    tips = []
+    for i, g in enumerate(gpus):
+        tips.append(
+            f"GPU {i} {g.get('name', '?')}: {_gib(g.get('used')):.2f} of "
+            f"{_gib(g.get('total')):.2f} GiB used, this process {_gib(g.get('process_used')):.2f}"
+        )
+    if not math.isnan(torch_alloc):
+        tips.append(f"torch allocated {torch_alloc:.2f} GiB, reserved {torch_reserved:.2f} GiB")
+    if not math.isnan(rss):
+        tips.append(f"process RSS {rss:.2f} GiB")
+    if gpus:
+        used = sum(_gib(g.get("used")) for g in gpus)
+        total = sum(_gib(g.get("total")) for g in gpus)
+        mine = sum(_gib(g.get("process_used")) for g in gpus)
+        if math.isnan(mine):
+            mine = torch_reserved
+        name = gpus[0].get("name") or "GPU"
+        more = f" +{len(gpus) - 1}" if len(gpus) > 1 else ""
+        return Memory(
+            f"{used:.1f} / {total:.0f} GiB",
+            f"{name}{more} · this process {mine:.2f} GiB",
+            used,
+            mine,
+            "\n".join(tips),
+        )
+    error = dm.get("nvml_error")
+    if error:
+        tips.append(f"NVML: {error}")
+    headline = f"RSS {rss:.2f} GiB" if not math.isnan(rss) else "–"
+    return Memory(headline, "CPU · no NVIDIA GPU", rss, math.nan, "\n".join(tips) or headline)
+
+
+class TrafficCounter:
+    """Generated tokens and prefix lookups over time, sampled once per update."""
+
+    def __init__(self, rate_window_s: float = 2.0, prefix_window_s: float = 10.0) -> None:
+        self.rate_window_s = rate_window_s
+        self.prefix_window_s = prefix_window_s
+        self.generated_tokens = 0
+        self._seen: dict[int, int] = {}  # seq id -> num_tokens at the previous snapshot
+        self._last: KVSnapshot | None = None
+        self._history: deque[tuple[float, int, int, int]] = deque()  # t, generated, hits, queries
+
+    def update(self, now: float, snapshot: KVSnapshot | None, stats: dict) -> None:
+        if snapshot is not None and snapshot is not self._last:
+            self._last = snapshot
+            seen = {}
+            for s in snapshot.sequences:
+                before = self._seen.get(s.seq_id)
+                start = s.num_prompt_tokens if before is None else before
+                self.generated_tokens += max(0, s.num_tokens - start)
+                seen[s.seq_id] = s.num_tokens
+            self._seen = seen
+        hits = int(stats.get("prefix_cache_hit_tokens", 0) or 0)
+        queries = int(stats.get("prefix_cache_query_tokens", 0) or 0)
+        self._history.append((now, self.generated_tokens, hits, queries))
+        horizon = now - max(self.rate_window_s, self.prefix_window_s) - 1.0
+        while len(self._history) > 2 and self._history[1][0] < horizon:
+            self._history.popleft()
+
+    def _since(self, now: float, window: float) -> tuple[float, int, int, int]:
+        return next((h for h in self._history if h[0] >= now - window), self._history[-1])
+
+    @property
+    def tokens_per_s(self) -> float:
+        if len(self._history) < 2:
+            return 0.0
+        now, generated = self._history[-1][:2]
+        t0, g0, _, _ = self._since(now, self.rate_window_s)
+        return (generated - g0) / (now - t0) if now - t0 > 0.05 else 0.0
+
+    @property
+    def recent_prefix_hit_rate(self) -> float:
+        """Hit share of the prompt tokens looked up in the last prefix_window_s; NaN if none."""
+        if not self._history:
+            return math.nan
+        now, _, hits, queries = self._history[-1]
+        _, _, h0, q0 = self._since(now, self.prefix_window_s)
+        return (hits - h0) / (queries - q0) if queries > q0 else math.nan

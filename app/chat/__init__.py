@@ -1,0 +1,1 @@
+"""The chat side of the window: the SQLite store, the conversation list, the message view."""

@@ -1,0 +1,170 @@
+"""ModelPicker: choose the bundled model, a GGUF file or an HF folder, and see what it costs.
+
+It reads only the model's config (a GGUF header or config.json, no weights) and asks the
+planner what the chosen engine settings give: KV bytes per token, blocks and tokens in the pool.
+"""
+
+from __future__ import annotations
+
+import math
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import planner
+from engine.model.model_config import ModelConfig
+
+SOURCES = ("Bundled SmolLM2-135M-Instruct", "GGUF file", "HF model folder")
+
+
+def count_parameters(mc: ModelConfig) -> int:
+    from engine.model.loader import expected_weight_shapes
+
+    return sum(math.prod(shape) for shape in expected_weight_shapes(mc).values())
+
+
+def format_count(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+class ModelPicker(QGroupBox):
+    model_changed = Signal()
+
+    def __init__(self, model: str | None, parent: QWidget | None = None) -> None:
+        super().__init__("Model", parent)
+        self.source = QComboBox()
+        self.source.addItems(SOURCES)
+        self.path = QLineEdit(placeholderText="path to a .gguf file or an HF model folder")
+        self.browse = QPushButton("Browse…")
+        self.info = QLabel(wordWrap=True, objectName="modelInfo")
+        self.prediction = QLabel(wordWrap=True, objectName="modelPrediction")
+        self.error = QLabel(wordWrap=True, objectName="errorText")
+        self._config: ModelConfig | None = None
+
+        row = QHBoxLayout()
+        row.addWidget(self.path, 1)
+        row.addWidget(self.browse)
+        form = QFormLayout()
+        form.addRow("Source", self.source)
+        form.addRow("Path", row)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.info)
+        layout.addWidget(self.prediction)
+        layout.addWidget(self.error)
+        layout.addStretch(1)
+
+        if model:
+            self.source.setCurrentIndex(1 if str(model).lower().endswith(".gguf") else 2)
+            self.path.setText(str(model))
+        self.source.currentIndexChanged.connect(self._source_changed)
+        self.path.editingFinished.connect(self._reload)
+        self.browse.clicked.connect(self._browse)
+        self._source_changed()
+
+    def model_path(self) -> str | None:
+        if self.source.currentIndex() == 0:
+            return None
+        return self.path.text().strip() or None
+
+    def model_config(self) -> ModelConfig | None:
+        return self._config
+
+    def _source_changed(self) -> None:
+        custom = self.source.currentIndex() != 0
+        self.path.setEnabled(custom)
+        self.browse.setEnabled(custom)
+        self._reload()
+
+    def _browse(self) -> None:
+        if self.source.currentIndex() == 1:
+            path, _ = QFileDialog.getOpenFileName(self, "GGUF model", "", "GGUF (*.gguf)")
+        else:
+            path = QFileDialog.getExistingDirectory(self, "HF model folder")
+        if path:
+            self.path.setText(path)
+            self._reload()
+
+    def _reload(self) -> None:
+        self._config = None
+        self.error.setText("")
+        if self.source.currentIndex() != 0 and not self.model_path():
+            self.info.setText("Choose a file or folder.")
+        else:
+            try:
+                self._config = planner.model_config(self.model_path())
+            except Exception as e:  # any unreadable file: say why, keep the dialog usable
+                self.info.setText("")
+                self.error.setText(f"Cannot read this model: {type(e).__name__}: {e}")
+        if self._config is not None:
+            mc = self._config
+            self.info.setText(
+                f"<b>{mc.name or 'model'}</b><br>"
+                f"Architecture: {mc.architecture}, {format_count(count_parameters(mc))} parameters"
+                f"<br>{mc.num_layers} layers, {mc.num_heads} query / {mc.num_kv_heads} KV heads, "
+                f"head dim {mc.head_dim}<br>Context length: {mc.max_position_embeddings:,} tokens"
+            )
+        self.model_changed.emit()
+
+    def show_prediction(self, engine_settings) -> None:
+        """What the planner predicts for these settings: KV bytes per token, blocks, tokens."""
+        mc = self._config
+        if mc is None:
+            self.prediction.setText("")
+            return
+        try:
+            config = engine_settings.engine_config()
+            kv_dtype = planner.dtype_name(config.kv_torch_dtype)
+            per_token = planner.bytes_per_token(
+                mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype
+            )
+            lines = [f"KV cache: {planner.format_bytes(per_token)} per token ({kv_dtype})"]
+            context = min(
+                engine_settings.max_model_len or mc.max_position_embeddings,
+                mc.max_position_embeddings,
+            )
+            if config.torch_device.type == "cpu":
+                budget = engine_settings.kv_budget_mib << 20
+                blocks = planner.predict_num_blocks(mc, config.block_size, kv_dtype, budget)
+                lines.append(
+                    f"Planner: {engine_settings.kv_budget_mib} MiB holds {blocks:,} blocks of "
+                    f"{config.block_size} = {blocks * config.block_size:,} tokens "
+                    f"({blocks * config.block_size / context:.1f} full contexts of {context:,})"
+                )
+            else:
+                plan = planner.plan_kv(
+                    mc,
+                    context=context,
+                    dtype=kv_dtype,
+                    block_size=config.block_size,
+                    vram_bytes=_cuda_total_bytes(config.torch_device),
+                    gpu_memory_utilization=engine_settings.gpu_memory_utilization,
+                )
+                lines.append(
+                    f"Planner: about {plan.num_blocks:,} blocks = {plan.max_tokens_in_budget:,} "
+                    f"tokens, {plan.max_sequences_at_context:,} full contexts of {context:,} "
+                    "(upper bound: activations are measured at load)"
+                )
+            self.prediction.setText("<br>".join(lines))
+        except (ValueError, RuntimeError) as e:
+            self.prediction.setText(f"Planner: {e}")
+
+
+def _cuda_total_bytes(device) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device).total_memory

@@ -1,0 +1,292 @@
+"""The app's settings: one object, persisted as JSON under the data dir, and its dialog.
+
+`AppSettings.engine` holds the knobs that need an engine rebuild, `sampling` the defaults for new
+replies, `overflow_policy` what happens when a chat outgrows the context. Loading validates
+every value once; a bad file raises ValueError naming the key, and the window falls back to
+defaults and says so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.config import ALLOCATORS, BLOCK_SIZES, DTYPES, KV_DTYPES, EngineConfig
+
+OVERFLOW_POLICIES = {
+    "stop": "Stop with a message",
+    "drop_oldest": "Drop the oldest turns (keep the system prompt)",
+}
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_CPU_KV_MIB = 256  # small enough that the block map stays readable
+
+
+@dataclass
+class EngineSettings:
+    """Knobs whose change rebuilds the engine (weights are reused unless `model` changes)."""
+
+    model: str | None = None  # None: the bundled default; else a .gguf file or an HF folder
+    device: str = "auto"
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16
+    kv_budget_mib: int = DEFAULT_CPU_KV_MIB  # the KV pool on CPU
+    gpu_memory_utilization: float = 0.9  # the KV budget on CUDA
+    max_model_len: int | None = None  # None: the model's own context length
+    max_num_seqs: int = 64
+    enable_prefix_caching: bool = True
+    allocator: str = "paged"
+
+    def llm_kwargs(self) -> dict:
+        """Keyword arguments for `LLM(model=..., **kwargs)`."""
+        kwargs = {
+            "device": self.device,
+            "dtype": self.dtype,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "block_size": self.block_size,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "allocator": self.allocator,
+        }
+        if self.engine_config().torch_device.type == "cpu":
+            kwargs["kv_cache_memory"] = self.kv_budget_mib << 20
+        return kwargs
+
+    def engine_config(self) -> EngineConfig:
+        """The EngineConfig these settings build; raises ValueError on a bad knob."""
+        kwargs = {
+            "device": self.device,
+            "dtype": self.dtype,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "block_size": self.block_size,
+            "kv_cache_memory": self.kv_budget_mib << 20,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "allocator": self.allocator,
+        }
+        return EngineConfig(model=self.model, **kwargs)
+
+
+@dataclass
+class SamplingSettings:
+    temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int = -1
+    max_tokens: int = 256
+    seed: int | None = None
+    n: int = 1
+
+    def params_kwargs(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class AppSettings:
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    overflow_policy: str = "stop"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AppSettings:
+        """Validated settings; keys this version does not know are ignored (a newer app's)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"settings must be a JSON object, got {type(data).__name__}")
+        engine = _dataclass_from(EngineSettings, data.get("engine", {}), "engine")
+        sampling = _dataclass_from(SamplingSettings, data.get("sampling", {}), "sampling")
+        policy = data.get("overflow_policy", "stop")
+        settings = cls(engine=engine, sampling=sampling, overflow_policy=policy)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        from engine import SamplingParams
+
+        if self.overflow_policy not in OVERFLOW_POLICIES:
+            raise ValueError(
+                f"overflow_policy {self.overflow_policy!r} is not one of {tuple(OVERFLOW_POLICIES)}"
+            )
+        if not isinstance(self.engine.kv_budget_mib, int) or self.engine.kv_budget_mib < 1:
+            raise ValueError(
+                f"kv_budget_mib must be an int >= 1, got {self.engine.kv_budget_mib!r}"
+            )
+        self.engine.engine_config()
+        SamplingParams(**self.sampling.params_kwargs())
+
+    def with_engine(self, **changes) -> AppSettings:
+        return replace(self, engine=replace(self.engine, **changes))
+
+
+def _dataclass_from(cls, data: object, name: str):
+    if not isinstance(data, dict):
+        raise ValueError(f"settings {name!r} must be a JSON object, got {data!r}")
+    known = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def settings_path() -> Path:
+    from app.paths import data_dir
+
+    return data_dir() / "settings.json"
+
+
+def load_settings(path: Path | None = None) -> AppSettings:
+    """Saved settings, or defaults when none are saved; ValueError (naming the file) if bad."""
+    path = path or settings_path()
+    if not path.exists():
+        return AppSettings()
+    try:
+        return AppSettings.from_dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from e
+
+
+def save_settings(settings: AppSettings, path: Path | None = None) -> None:
+    path = path or settings_path()
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(settings.to_dict(), indent=2))
+    tmp.replace(path)  # atomic: a crash never leaves half a settings file
+
+
+class SettingsDialog(QDialog):
+    """Model + engine knobs + chat policy. `result_settings()` after accept gives the new ones."""
+
+    def __init__(self, settings: AppSettings, parent: QWidget | None = None) -> None:
+        from app.model_picker import ModelPicker
+
+        super().__init__(parent)
+        self.setWindowTitle("Model and engine settings")
+        self.setObjectName("settingsDialog")
+        self._base = settings
+        es = settings.engine
+
+        self.picker = ModelPicker(es.model)
+        self.device = _combo(DEVICES, es.device)
+        self.dtype = _combo(("auto", *DTYPES), es.dtype)
+        self.kv_dtype = _combo(KV_DTYPES, es.kv_cache_dtype)
+        self.block_size = _combo([str(b) for b in BLOCK_SIZES], str(es.block_size))
+        self.kv_mib = QSpinBox(minimum=1, maximum=1 << 20, value=es.kv_budget_mib, suffix=" MiB")
+        self.gpu_util = QDoubleSpinBox(
+            minimum=0.05, maximum=1.0, singleStep=0.05, decimals=2, value=es.gpu_memory_utilization
+        )
+        self.max_len = QSpinBox(minimum=0, maximum=1 << 20, value=es.max_model_len or 0)
+        self.max_len.setSpecialValueText("model's own")
+        self.max_seqs = QSpinBox(minimum=1, maximum=4096, value=es.max_num_seqs)
+        self.prefix = QCheckBox("reuse cached prompt prefixes", checked=es.enable_prefix_caching)
+        self.allocator = _combo(ALLOCATORS, es.allocator)
+        self.policy = QComboBox()
+        for key, label in OVERFLOW_POLICIES.items():
+            self.policy.addItem(label, key)
+        self.policy.setCurrentIndex(list(OVERFLOW_POLICIES).index(settings.overflow_policy))
+
+        engine_box = QGroupBox("Engine")
+        form = QFormLayout(engine_box)
+        form.addRow("Device", self.device)
+        form.addRow("Weights dtype", self.dtype)
+        form.addRow("KV cache dtype", self.kv_dtype)
+        form.addRow("Block size (tokens)", self.block_size)
+        form.addRow("KV budget on CPU", self.kv_mib)
+        form.addRow("GPU memory utilization", self.gpu_util)
+        form.addRow("Max model length", self.max_len)
+        form.addRow("Max sequences", self.max_seqs)
+        form.addRow("Prefix caching", self.prefix)
+        form.addRow("Allocator", self.allocator)
+        chat_box = QGroupBox("Conversations")
+        chat_form = QFormLayout(chat_box)
+        chat_form.addRow("When a chat outgrows the context", self.policy)
+
+        self.error = QLabel(objectName="errorText", wordWrap=True)
+        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+        buttons.button(QDialogButtonBox.Ok).setText("Apply")
+        buttons.accepted.connect(self._accept)
+        buttons.rejected.connect(self.reject)
+
+        right = QVBoxLayout()
+        right.addWidget(engine_box)
+        right.addWidget(chat_box)
+        right.addStretch(1)
+        columns = QHBoxLayout()
+        columns.addWidget(self.picker, 1)
+        columns.addLayout(right, 1)
+        layout = QVBoxLayout(self)
+        layout.addLayout(columns)
+        layout.addWidget(self.error)
+        layout.addWidget(buttons)
+
+        for combo in (self.device, self.dtype, self.kv_dtype, self.block_size, self.allocator):
+            combo.currentIndexChanged.connect(self._refresh_prediction)
+        for spin in (self.kv_mib, self.gpu_util, self.max_len, self.max_seqs):
+            spin.valueChanged.connect(self._refresh_prediction)
+        self.picker.model_changed.connect(self._refresh_prediction)
+        self._refresh_prediction()
+
+    def engine_settings(self) -> EngineSettings:
+        return EngineSettings(
+            model=self.picker.model_path(),
+            device=self.device.currentText(),
+            dtype=self.dtype.currentText(),
+            kv_cache_dtype=self.kv_dtype.currentText(),
+            block_size=int(self.block_size.currentText()),
+            kv_budget_mib=self.kv_mib.value(),
+            gpu_memory_utilization=round(self.gpu_util.value(), 2),
+            max_model_len=self.max_len.value() or None,
+            max_num_seqs=self.max_seqs.value(),
+            enable_prefix_caching=self.prefix.isChecked(),
+            allocator=self.allocator.currentText(),
+        )
+
+    def result_settings(self) -> AppSettings:
+        return replace(
+            self._base, engine=self.engine_settings(), overflow_policy=self.policy.currentData()
+        )
+
+    def _refresh_prediction(self) -> None:
+        settings = self.engine_settings()
+        try:
+            on_cpu = settings.engine_config().torch_device.type == "cpu"
+        except ValueError as e:  # e.g. cuda chosen without CUDA: say so right away
+            self.error.setText(str(e))
+        else:
+            self.error.setText("")
+            # One budget knob applies: MiB on CPU, a share of the GPU on CUDA.
+            self.kv_mib.setEnabled(on_cpu)
+            self.gpu_util.setEnabled(not on_cpu)
+        self.picker.show_prediction(settings)
+
+    def _accept(self) -> None:
+        try:
+            self.result_settings().validate()
+        except ValueError as e:
+            self.error.setText(str(e))
+            return
+        self.accept()
+
+
+def _combo(items, current: str) -> QComboBox:
+    combo = QComboBox()
+    combo.addItems([str(i) for i in items])
+    if current in [str(i) for i in items]:
+        combo.setCurrentText(str(current))
+    return combo
