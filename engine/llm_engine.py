@@ -357,9 +357,7 @@ class LLMEngine:
         tel = self.telemetry
         bs = self.config.block_size
         state = BlockState(int(tel.state[block_id]))
-        owners = [
-            track.request_id for track in tel.seqs.values() if block_id in track.table
-        ]
+        owners = [track.request_id for track in tel.seqs.values() if block_id in track.table]
         token_ids: list[int] = []
         owner = int(tel.owner[block_id])
         index = int(tel.logical_index[block_id])
