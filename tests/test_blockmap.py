@@ -343,11 +343,19 @@ def test_shadow_view_caption_and_metrics(qtbot):
 
 def test_metrics_tolerate_missing_device_memory_keys():
     assert read_memory(None).detail == "CPU · no NVIDIA GPU"
-    gpu = {"gpus": [{"name": "NVIDIA H200", "total": 140 << 30, "used": 20 << 30}]}
+    gpu = {"gpus": [{"name": "NVIDIA H200", "total_bytes": 140 << 30, "used_bytes": 20 << 30}]}
     memory = read_memory(gpu)
     assert memory.headline == "20.0 / 140 GiB" and "H200" in memory.detail
-    memory = read_memory({"process_rss": 3 << 29, "nvml_error": "driver not loaded"})
+    memory = read_memory({"process_rss_bytes": 3 << 29, "nvml_error": "driver not loaded"})
     assert memory.headline == "RSS 1.50 GiB" and "driver not loaded" in memory.tooltip
+    assert memory.process_gib == 1.5
+
+
+def test_metrics_read_the_real_device_memory_reading():
+    from engine.device_memory import read_device_memory
+
+    memory = read_memory(read_device_memory().to_dict())
+    assert memory.headline.startswith("RSS ") and memory.process_gib > 0.01
 
 
 def test_tokens_per_second_from_snapshot_deltas():

@@ -23,8 +23,8 @@ class Memory:
 
     headline: str
     detail: str
-    used_gib: float  # device memory used (all processes), or process RSS on CPU
-    process_gib: float  # this process: on the GPU (NVML or torch), NaN when unknown
+    used_gib: float  # device memory used by all processes; NaN without a GPU
+    process_gib: float  # this process: on the GPU (NVML or torch), else its RSS
     tooltip: str
 
 
@@ -33,27 +33,30 @@ def _gib(value: object) -> float:
 
 
 def read_memory(device_memory: dict | None) -> Memory:
+    """Headline figures from `engine.device_memory.DeviceMemory.to_dict()`; tolerant of gaps."""
     dm = device_memory or {}
     gpus = [g for g in dm.get("gpus") or () if isinstance(g, dict)]
-    rss = _gib(dm.get("process_rss"))
-    torch_alloc = _gib(dm.get("torch_allocated"))
-    torch_reserved = _gib(dm.get("torch_reserved"))
+    rss = _gib(dm.get("process_rss_bytes"))
     tips = []
-    for i, g in enumerate(gpus):
+    for g in gpus:
         tips.append(
-            f"GPU {i} {g.get('name', '?')}: {_gib(g.get('used')):.2f} of "
-            f"{_gib(g.get('total')):.2f} GiB used, this process {_gib(g.get('process_used')):.2f}"
+            f"GPU {g.get('index', '?')} {g.get('name', '?')}: {_gib(g.get('used_bytes')):.2f} of "
+            f"{_gib(g.get('total_bytes')):.2f} GiB used, this process "
+            f"{_gib(g.get('process_bytes')):.2f}"
         )
-    if not math.isnan(torch_alloc):
-        tips.append(f"torch allocated {torch_alloc:.2f} GiB, reserved {torch_reserved:.2f} GiB")
+        if g.get("torch_allocated_bytes") is not None:
+            tips.append(
+                f"  torch allocated {_gib(g.get('torch_allocated_bytes')):.2f} GiB, reserved "
+                f"{_gib(g.get('torch_reserved_bytes')):.2f} GiB"
+            )
     if not math.isnan(rss):
         tips.append(f"process RSS {rss:.2f} GiB")
     if gpus:
-        used = sum(_gib(g.get("used")) for g in gpus)
-        total = sum(_gib(g.get("total")) for g in gpus)
-        mine = sum(_gib(g.get("process_used")) for g in gpus)
-        if math.isnan(mine):
-            mine = torch_reserved
+        used = sum(_gib(g.get("used_bytes")) for g in gpus)
+        total = sum(_gib(g.get("total_bytes")) for g in gpus)
+        mine = sum(_gib(g.get("process_bytes")) for g in gpus)
+        if math.isnan(mine):  # NVML may not list this process; torch's own figure then
+            mine = sum(_gib(g.get("torch_reserved_bytes")) for g in gpus)
         name = gpus[0].get("name") or "GPU"
         more = f" +{len(gpus) - 1}" if len(gpus) > 1 else ""
         return Memory(
@@ -67,7 +70,7 @@ def read_memory(device_memory: dict | None) -> Memory:
     if error:
         tips.append(f"NVML: {error}")
     headline = f"RSS {rss:.2f} GiB" if not math.isnan(rss) else "–"
-    return Memory(headline, "CPU · no NVIDIA GPU", rss, math.nan, "\n".join(tips) or headline)
+    return Memory(headline, "CPU · no NVIDIA GPU", math.nan, rss, "\n".join(tips) or headline)
 
 
 class TrafficCounter:
