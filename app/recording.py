@@ -17,18 +17,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def record(args: argparse.Namespace) -> int:
-    from engine import LLM, SamplingParams
+    from app.terminal import llm_from_args
+    from engine import SamplingParams
 
     requests = load_chat_workload(None, args.num_requests, args.max_tokens_cap)
-    llm = LLM(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        block_size=args.block_size,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        num_kv_blocks=args.num_kv_blocks,
-    )
+    llm = llm_from_args(args)
     engine = llm.engine
     engine.start_recording(args.out)
     try:

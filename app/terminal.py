@@ -8,7 +8,8 @@ import sys
 from engine import LLM, SamplingParams
 
 
-def _llm(args: argparse.Namespace) -> LLM:
+def llm_from_args(args: argparse.Namespace) -> LLM:
+    """An engine from the shared engine flags of the terminal subcommands."""
     return LLM(
         model=args.model,
         device=args.device,
@@ -56,7 +57,7 @@ def stream(llm: LLM, prompt: str, params: SamplingParams, out=None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        llm = _llm(args)
+        llm = llm_from_args(args)
         params = _params(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

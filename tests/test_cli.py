@@ -18,13 +18,13 @@ def _args(argv):
 @pytest.fixture()
 def patched_llm(monkeypatch, default_model):
     """The CLI builds its own LLM from a path; hand it the session's preloaded model instead."""
-    real = terminal._llm
+    real = terminal.llm_from_args
 
     def with_loaded(args):
         args.model = default_model
         return real(args)
 
-    monkeypatch.setattr(terminal, "_llm", with_loaded)
+    monkeypatch.setattr(terminal, "llm_from_args", with_loaded)
 
 
 def test_generate_streams_the_completion(patched_llm, capsys):

@@ -71,7 +71,8 @@ Listener = Callable[[KVEvent], None]
 class EventLog:
     """Bounded, in-order log of KV events, fanned out to listeners as they happen."""
 
-    def __init__(self, capacity: int = 100_000) -> None:
+    # Progress events carry one entry per running sequence, so keep the window modest.
+    def __init__(self, capacity: int = 10_000) -> None:
         if capacity < 1:
             raise ValueError(f"event log capacity must be >= 1, got {capacity}")
         self.events: deque[KVEvent] = deque(maxlen=capacity)
