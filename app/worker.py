@@ -180,7 +180,6 @@ class EngineWorker(QObject):
         self.llm = None
         self._loaded = None
         gc.unfreeze()  # the engine was frozen at build (see _build); let it go now
-        gc.collect()
         QThread.currentThread().quit()
 
     @Slot(object)
@@ -206,10 +205,11 @@ class EngineWorker(QObject):
             return
         previous = (self._loaded, self._loaded_key, self._settings)
         # Free the old pool before sizing the new one (on a GPU the new one is sized from what
-        # is left); it may sit in reference cycles among frozen objects, hence unfreeze.
+        # is left): dropping the last reference frees it, no cycle holds it. No gc.collect()
+        # here: a collection on this thread can finalize the GUI thread's Qt objects, and
+        # PySide then deadlocks in the QObject destructor waiting for the GIL.
         self.llm = None
         gc.unfreeze()
-        gc.collect()
         try:
             llm = LLM(model=loaded, **kwargs)
         except Exception as e:

@@ -1,5 +1,6 @@
 """Test-wide environment: offscreen Qt, no hub access, user data in a temp dir."""
 
+import gc
 import os
 import tempfile
 
@@ -88,3 +89,6 @@ def make_window(qtbot, default_model, tmp_path):
     yield make
     for window in windows:
         window.close()
+    # Collect the closed windows' Qt objects here, on the GUI thread, rather than whenever the
+    # next test's engine thread happens to trigger a collection.
+    gc.collect()
