@@ -49,15 +49,7 @@ def _cuda_kv_budget(config: EngineConfig, model: LlamaModel) -> int:
     scratch = KVCache(
         mc.num_layers, num_blocks, bs, mc.num_kv_heads, mc.head_dim, config.kv_torch_dtype, device
     )
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(num_tokens, device=device),
-        num_decode_tokens=0,
-        decode_block_tables=None,
-        decode_seq_lens=None,
-        prefill_block_tables=torch.arange(num_blocks, device=device, dtype=torch.int32)[None],
-        prefill_query_start_loc=torch.tensor([0, num_tokens], device=device, dtype=torch.int32),
-        prefill_seq_lens=torch.tensor([num_tokens], device=device, dtype=torch.int32),
-    )
+    meta = AttentionMetadata.single_prefill(num_tokens, bs, device)
     ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
     hidden = model.forward(ids, torch.arange(num_tokens, device=device), scratch, meta)
     rows = hidden[:1].expand(min(config.max_num_seqs, num_tokens), -1)

@@ -14,29 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-ELF_MAGIC = b"\x7fELF"
+from elf_strip import elf_files  # packaging/ is on sys.path wherever this runs
+
 VERSION_RE = re.compile(r"\b(GLIBC|GLIBCXX|CXXABI)_(\d+(?:\.\d+)*)\b")
 NEEDED_RE = re.compile(r"^\s*NEEDED\s+(\S+)", re.M)
-
-
-def elf_files(root: Path) -> list[Path]:
-    out = []
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            p = Path(dirpath) / name
-            if p.is_symlink() or not p.is_file():
-                continue
-            with open(p, "rb") as f:
-                if f.read(4) == ELF_MAGIC:
-                    out.append(p)
-    return sorted(out)
 
 
 def _objdump(args: list[str], path: Path) -> str:

@@ -1,7 +1,7 @@
 """Print KVScope's version from pyproject.toml (the single source of the installers' version).
 
-    python packaging/project_version.py             # 0.1.0
-    python packaging/project_version.py --numeric   # 0.1.0.0  (Windows' four-number form)
+python packaging/project_version.py             # 0.1.0
+python packaging/project_version.py --numeric   # 0.1.0.0  (Windows' four-number form)
 """
 
 from __future__ import annotations

@@ -68,15 +68,7 @@ def calibrate_kv_scales(model: LlamaModel, kv_cache: KVCache, token_ids: list[in
     scratch = KVCache(
         cfg.num_layers, num_blocks, bs, cfg.num_kv_heads, cfg.head_dim, model.dtype, device
     )
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(n, device=device),
-        num_decode_tokens=0,
-        decode_block_tables=None,
-        decode_seq_lens=None,
-        prefill_block_tables=torch.arange(num_blocks, dtype=torch.int32, device=device)[None],
-        prefill_query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
-        prefill_seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
-    )
+    meta = AttentionMetadata.single_prefill(n, bs, device)
     ids = torch.tensor(token_ids, dtype=torch.int64, device=device)
     model.forward(ids, torch.arange(n, device=device), scratch, meta)
     kv = scratch.data.view(cfg.num_layers, 2, -1, cfg.num_kv_heads, cfg.head_dim)[:, :, :n]

@@ -21,6 +21,21 @@ class AttentionMetadata:
     prefill_query_start_loc: torch.Tensor | None  # [Bp + 1] int32
     prefill_seq_lens: torch.Tensor | None  # [Bp] int32, prefix + new tokens
 
+    @classmethod
+    def single_prefill(cls, num_tokens: int, block_size: int, device) -> AttentionMetadata:
+        """One sequence of `num_tokens` new tokens in blocks 0, 1, ... of a scratch pool (the
+        profile and calibration runs at engine build)."""
+        num_blocks = -(-num_tokens // block_size)
+        return cls(
+            slot_mapping=torch.arange(num_tokens, device=device),
+            num_decode_tokens=0,
+            decode_block_tables=None,
+            decode_seq_lens=None,
+            prefill_block_tables=torch.arange(num_blocks, dtype=torch.int32, device=device)[None],
+            prefill_query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
+            prefill_seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=device),
+        )
+
 
 def paged_attention(
     q: torch.Tensor,
