@@ -15,6 +15,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", "none", "int8", "int4"),
+        help="auto: keep a GGUF's own; none: dequantize; int8/int4: quantize at load",
+    )
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -49,6 +55,12 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights-dtype", default=None, help="of the estimate (default: --dtype)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", "none", "int8", "int4"),
+        help="how the engine would keep the weights (auto: a GGUF's own quantization)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -71,6 +83,7 @@ def _run_plan(args: argparse.Namespace) -> int:
             weights_bytes=args.weights,
             gpu_memory_utilization=args.gpu_memory_utilization,
             weights_dtype=args.weights_dtype,
+            quantization=args.quantization,
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -108,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--decode-steps", type=int, default=64, help="timed batch-1 decode steps")
     bench.add_argument("--skip-hf", action="store_true", help="only our engine and the roofline")
+    bench.add_argument(
+        "--models",
+        action="store_true",
+        help="instead: load synthetic 1.1B/3B Q4_K_M GGUFs kept quantized and dequantized "
+        "(bench_models.json)",
+    )
     bench.add_argument(
         "--skip-sharing", action="store_true", help="skip the prefix-cache and forking figures"
     )

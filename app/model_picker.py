@@ -1,7 +1,9 @@
 """ModelPicker: choose the bundled model, a GGUF file or an HF folder, and see what it costs.
 
-It reads only the model's config (a GGUF header or config.json, no weights) and asks the
-planner what the chosen engine settings give: KV bytes per token, blocks and tokens in the pool.
+It reads only the model's headers (a GGUF header or config.json and safetensors headers, no
+weights) and asks the planner what the chosen engine settings give: the weights in the form the
+engine will keep them (format, bytes, the load peak, against the memory that is free), KV bytes
+per token, blocks and tokens in the pool.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class ModelPicker(QGroupBox):
         self.prediction = QLabel(wordWrap=True, objectName="modelPrediction")
         self.error = QLabel(wordWrap=True, objectName="errorText")
         self._config: ModelConfig | None = None
+        self._header: tuple[dict, dict] | None = None  # weight shapes and stored kinds
 
         row = QHBoxLayout()
         row.addWidget(self.path, 1)
@@ -101,12 +104,14 @@ class ModelPicker(QGroupBox):
 
     def _reload(self) -> None:
         self._config = None
+        self._header = None
         self.error.setText("")
         if self.source.currentIndex() != 0 and not self.model_path():
             self.info.setText("Choose a file or folder.")
         else:
             try:
                 self._config = planner.model_config(self.model_path())
+                self._header = planner._weights_header(self.model_path())
             except Exception as e:  # any unreadable file: say why, keep the dialog usable
                 self.info.setText("")
                 self.error.setText(f"Cannot read this model: {type(e).__name__}: {e}")
@@ -128,11 +133,17 @@ class ModelPicker(QGroupBox):
             return
         try:
             config = engine_settings.engine_config()
+            if self._header is not None:  # the dtype "auto" resolves to depends on the weights
+                from engine.weight_plan import weights_quantized
+
+                kinds = self._header[1]
+                config.weights_quantized = weights_quantized(kinds, config.quantization)
             kv_dtype = planner.dtype_name(config.kv_torch_dtype)
             per_token = planner.bytes_per_token(
                 mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype
             )
-            lines = [f"KV cache: {planner.format_bytes(per_token)} per token ({kv_dtype})"]
+            lines = self._weight_lines(config)
+            lines.append(f"KV cache: {planner.format_bytes(per_token)} per token ({kv_dtype})")
             context = min(
                 engine_settings.max_model_len or mc.max_position_embeddings,
                 mc.max_position_embeddings,
@@ -162,6 +173,36 @@ class ModelPicker(QGroupBox):
             self.prediction.setText("<br>".join(lines))
         except (ValueError, RuntimeError) as e:
             self.prediction.setText(f"Planner: {e}")
+
+    def _weight_lines(self, config) -> list[str]:
+        """Weights as the engine will keep them, and whether they fit what is free."""
+        from engine.model_build import free_memory
+        from engine.weight_plan import plan_weights
+
+        if self._header is None or self._config is None:
+            return []
+        shapes, kinds = self._header
+        wp = plan_weights(
+            shapes,
+            kinds,
+            config.quantization,
+            config.torch_device,
+            config.torch_dtype,
+            self._config.tie_word_embeddings,
+        )
+        dtype = str(config.torch_dtype).removeprefix("torch.")
+        line = (
+            f"Weights: {'+'.join(wp.formats)} kept as {wp.layout}, "
+            f"{wp.runtime_bytes / 2**30:.2f} GiB (+{wp.load_peak_bytes / 2**30:.2f} GiB while "
+            f"loading), compute in {dtype}"
+        )
+        free = free_memory(config.torch_device)
+        if free is not None:
+            where = "GPU" if config.torch_device.type == "cuda" else "RAM"
+            line += f"; {free / 2**30:.1f} GiB {where} free"
+            if wp.total_bytes > free:
+                line += " — <b>does not fit</b>"
+        return [line]
 
 
 def _cuda_total_bytes(device) -> int:

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import ALLOCATORS, BLOCK_SIZES, DTYPES, KV_DTYPES, EngineConfig
+from engine.config import ALLOCATORS, BLOCK_SIZES, DTYPES, KV_DTYPES, QUANTIZATIONS, EngineConfig
 
 OVERFLOW_POLICIES = {
     "stop": "Stop with a message",
@@ -39,7 +39,8 @@ DEFAULT_CPU_KV_MIB = 256  # small enough that the block map stays readable
 
 @dataclass
 class EngineSettings:
-    """Knobs whose change rebuilds the engine (weights are reused unless `model` changes)."""
+    """Knobs whose change rebuilds the engine (the tokenizer is reused unless `model` changes;
+    weights are read from the file again)."""
 
     model: str | None = None  # None: the bundled default; else a .gguf file or an HF folder
     device: str = "auto"
@@ -52,6 +53,7 @@ class EngineSettings:
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True
     allocator: str = "paged"
+    quantization: str = "auto"  # auto: keep a GGUF's own; none; int8/int4 at load
 
     def llm_kwargs(self) -> dict:
         """Keyword arguments for `LLM(model=..., **kwargs)`."""
@@ -65,6 +67,7 @@ class EngineSettings:
             "max_num_seqs": self.max_num_seqs,
             "enable_prefix_caching": self.enable_prefix_caching,
             "allocator": self.allocator,
+            "quantization": self.quantization,
         }
         if self.engine_config().torch_device.type == "cpu":
             kwargs["kv_cache_memory"] = self.kv_budget_mib << 20
@@ -83,6 +86,7 @@ class EngineSettings:
             "max_num_seqs": self.max_num_seqs,
             "enable_prefix_caching": self.enable_prefix_caching,
             "allocator": self.allocator,
+            "quantization": self.quantization,
         }
         return EngineConfig(model=self.model, **kwargs)
 
@@ -196,6 +200,12 @@ class SettingsDialog(QDialog):
         self.max_seqs = QSpinBox(minimum=1, maximum=4096, value=es.max_num_seqs)
         self.prefix = QCheckBox("reuse cached prompt prefixes", checked=es.enable_prefix_caching)
         self.allocator = _combo(ALLOCATORS, es.allocator)
+        self.quantization = _combo(QUANTIZATIONS, es.quantization)
+        self.quantization.setToolTip(
+            "auto: keep a GGUF file's own quantization (Q4_K_M stays 4-bit)\n"
+            "none: dequantize every weight to the weights dtype (exact, 4-8x the memory)\n"
+            "int8 / int4: quantize a float checkpoint's weights at load"
+        )
         self.policy = QComboBox()
         for key, label in OVERFLOW_POLICIES.items():
             self.policy.addItem(label, key)
@@ -205,6 +215,7 @@ class SettingsDialog(QDialog):
         form = QFormLayout(engine_box)
         form.addRow("Device", self.device)
         form.addRow("Weights dtype", self.dtype)
+        form.addRow("Weight quantization", self.quantization)
         form.addRow("KV cache dtype", self.kv_dtype)
         form.addRow("Block size (tokens)", self.block_size)
         form.addRow("KV budget on CPU", self.kv_mib)
@@ -235,7 +246,8 @@ class SettingsDialog(QDialog):
         layout.addWidget(self.error)
         layout.addWidget(buttons)
 
-        for combo in (self.device, self.dtype, self.kv_dtype, self.block_size, self.allocator):
+        combos = (self.device, self.dtype, self.kv_dtype, self.block_size, self.allocator)
+        for combo in (*combos, self.quantization):
             combo.currentIndexChanged.connect(self._refresh_prediction)
         for spin in (self.kv_mib, self.gpu_util, self.max_len, self.max_seqs):
             spin.valueChanged.connect(self._refresh_prediction)
@@ -255,6 +267,7 @@ class SettingsDialog(QDialog):
             max_num_seqs=self.max_seqs.value(),
             enable_prefix_caching=self.prefix.isChecked(),
             allocator=self.allocator.currentText(),
+            quantization=self.quantization.currentText(),
         )
 
     def result_settings(self) -> AppSettings:

@@ -18,6 +18,7 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         num_kv_blocks=args.num_kv_blocks,
+        quantization=args.quantization,
     )
 
 

@@ -442,11 +442,16 @@ class MainWindow(QMainWindow):
         self.settings.engine = info.settings
         self.model_label.setText(
             f"{info.model_name} · {info.architecture} {format_count(info.num_parameters)} · "
-            f"{info.device} {info.dtype} · KV {info.kv_dtype} "
+            f"{info.device} {info.dtype} · weights {info.weight_format} "
+            f"{info.weight_bytes / 2**20:,.0f} MiB · KV {info.kv_dtype} "
             f"{info.kv_bytes_per_token / 1024:.0f} KiB/token · "
             f"{info.num_blocks:,} blocks × {info.block_size}"
         )
-        self.model_label.setToolTip(f"{info.model_source}\nmax_model_len {info.max_model_len:,}")
+        self.model_label.setToolTip(
+            f"{info.model_source}\nmax_model_len {info.max_model_len:,}\n"
+            f"weights: {info.weight_format}, {info.weight_bytes:,} bytes, "
+            f"run as {info.weight_layout}"
+        )
         self._update_state()
         self.engine_ready.emit(info)
 

@@ -90,6 +90,9 @@ class EngineInfo:
     max_model_len: int
     max_seq_len: int
     settings: EngineSettings
+    weight_bytes: int = 0  # as held at run time
+    weight_format: str = ""  # "Q4_K+Q6_K", "int8", "float32"
+    weight_layout: str = ""  # "cpu-int4", "triton", "dense", ...
 
 
 def fit_conversation(
@@ -146,7 +149,8 @@ class EngineWorker(QObject):
         super().__init__()
         self.llm = None
         self._settings = settings
-        # Weights in memory, keyed by the settings' model path (None = bundled default).
+        # The model's config, tokenizer and weight source (no weights: a rebuild reads them from
+        # the file again, so no host copy lingers), keyed by the settings' model path.
         self._loaded = loaded_model
         self._loaded_key = settings.model
         self._requests: dict[str, int] = {}  # request id -> dropped turns
@@ -246,6 +250,7 @@ class EngineWorker(QObject):
         config = engine.config
         kv_dtype = planner.dtype_name(config.kv_torch_dtype)
         kv_bytes = planner.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
+        stats = self.llm.stats()
         return EngineInfo(
             model_source=str(engine.model_source),
             model_name=mc.name or str(engine.model_source),
@@ -256,10 +261,13 @@ class EngineWorker(QObject):
             kv_dtype=kv_dtype,
             kv_bytes_per_token=kv_bytes,
             block_size=config.block_size,
-            num_blocks=self.llm.stats()["kv_blocks_total"],
+            num_blocks=stats["kv_blocks_total"],
             max_model_len=engine.max_model_len,
             max_seq_len=engine.max_seq_len,
             settings=settings,
+            weight_bytes=stats["weight_bytes"],
+            weight_format=stats["weight_format"],
+            weight_layout=stats["weight_layout"],
         )
 
     # ---- requests ------------------------------------------------------------------------

@@ -14,6 +14,9 @@ BLOCK_SIZES = (8, 16, 32, 64, 128)
 # "contiguous" is the naive baseline: max-length reservations, no sharing (engine/kv/contiguous).
 ALLOCATORS = ("paged", "contiguous")
 DEFAULT_CPU_KV_MEMORY = 1 << 30  # 1 GiB
+# "auto": keep a GGUF's own quantization; "none": dequantize everything to `dtype` (the exact
+# path); "int8"/"int4": quantize float matrices to nearest at load (engine.model.weight_source).
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 
 @dataclass
@@ -32,6 +35,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     allocator: str = "paged"
     seed: int = 0
+    quantization: str = "auto"
+    # Set by the engine once it knows the weights: on CPU, quantized weights run in bfloat16.
+    weights_quantized: bool = False
 
     def __post_init__(self) -> None:
         if self.device != "auto":
@@ -76,6 +82,8 @@ class EngineConfig:
             )
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator {self.allocator!r} is not one of {ALLOCATORS}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization {self.quantization!r} is not one of {QUANTIZATIONS}")
 
     @property
     def torch_device(self) -> torch.device:
@@ -88,8 +96,13 @@ class EngineConfig:
         if self.dtype != "auto":
             return DTYPES[self.dtype]
         if self.torch_device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
+            # Native bf16 only (Ampere on): on a T4 bf16 would be emulated.
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+            return torch.bfloat16 if native else torch.float16
+        # Quantized weights on a CPU run through torch's int4 kernel, which takes bfloat16
+        # activations; in float32 they would be dequantized on every call, ~30x slower
+        # (engine/quant/cpu_layout.py). Dense weights stay float32, the exact path.
+        return torch.bfloat16 if self.weights_quantized else torch.float32
 
     @property
     def kv_torch_dtype(self) -> torch.dtype:

@@ -33,6 +33,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         allocator: str = "paged",
         seed: int = 0,
+        quantization: str = "auto",
     ) -> None:
         # A LoadedModel lets callers (the app's settings, tests) rebuild an engine with new knobs
         # without reading the weights from disk again.
@@ -52,6 +53,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             allocator=allocator,
             seed=seed,
+            quantization=quantization,
         )
         self.engine = LLMEngine(self.config, loaded)
         self._ids = itertools.count()

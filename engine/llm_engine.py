@@ -17,14 +17,15 @@ from engine.kv.shadow import ContiguousShadow
 from engine.kv.snapshot import BlockState, KVSnapshot
 from engine.kv.telemetry import PoolTelemetry
 from engine.memory_profile import size_kv_pool
-from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel, load_model
 from engine.model.sampler import Sampler, SampleResult, SamplingRow
+from engine.model_build import build_model
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Request, Sequence
+from engine.weight_plan import weights_quantized
 
 PromptInput = str | list[int]
 
@@ -43,8 +44,9 @@ class LLMEngine:
                 f"{mc.max_position_embeddings}"
             )
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
-        device, dtype = config.torch_device, config.torch_dtype
-        self.model = LlamaModel(mc, loaded.weights, dtype, device, self.max_model_len)
+        config.weights_quantized = weights_quantized(loaded.weights.kinds(), config.quantization)
+        device = config.torch_device
+        self.model = build_model(config, loaded, self.max_model_len)
         num_blocks = size_kv_pool(config, mc, self.model)
         self.kv_cache = KVCache(
             mc.num_layers,
@@ -92,6 +94,9 @@ class LLMEngine:
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.num_steps = 0
+        # Fixed once built; computed here so stats() stays cheap at the app's 10 Hz.
+        self._weight_bytes = self.model.weight_bytes()
+        self._weight_format = self.model.weight_format()
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
@@ -338,6 +343,10 @@ class LLMEngine:
             "num_steps": self.num_steps,
             "allocator": self.config.allocator,
             "kv_cache_dtype": str(self.config.kv_torch_dtype).removeprefix("torch."),
+            "weight_bytes": self._weight_bytes,
+            "weight_format": self._weight_format["format"],
+            "weight_layout": self._weight_format["layout"],
+            "dtype": str(self.model.dtype).removeprefix("torch."),
         }
 
     def kv_snapshot(self) -> KVSnapshot:

@@ -6,9 +6,12 @@ numbers; the figures are the ones our engine uses, so `predict_num_blocks` equal
 
 The budget is `vram x gpu_memory_utilization - weights`. The engine on CUDA also subtracts one
 step's activations, which it measures at load; the plan leaves them out, so on a GPU its block
-count is an upper bound. Weights not given are estimated as every tensor the forward keeps
-(`expected_weight_shapes`) at the weights dtype: our engine dequantizes GGUF files to its
-compute dtype at load, so a file's quantized size on disk is not what it holds in memory.
+count is an upper bound. Weights not given are counted from the model's own tensor list in the
+form the engine keeps them on a GPU (`engine.weight_plan`): a GGUF's quantized tensors in the
+packed format, float tensors at the weights dtype, `quantization="int8"/"int4"` as quantized at
+load, `"none"` all dense. Building also needs `load_peak_bytes` on top for a moment (one layer
+converted twice plus scratch); `fits_to_load` checks that too. With only a config.json, every
+tensor the forward keeps is estimated at the weights dtype.
 """
 
 from __future__ import annotations
@@ -183,12 +186,15 @@ class KVPlan:
     weights_bytes: int | None
     weights_source: str  # "given" | "estimated" | "none" (counted as 0)
     weights_dtype: str | None  # of an estimate
+    weights_format: str | None  # the estimate's kept formats: "Q4_K+Q6_K", "int4", "fp16"
+    load_peak_bytes: int | None  # extra while building (estimates only)
     kv_budget_bytes: int | None  # vram x utilization - weights, at least 0; None without vram
     budget_deficit_bytes: int | None  # how far weights overrun vram x utilization
     num_blocks: int | None  # blocks in the budget
     max_tokens_in_budget: int | None
     max_sequences_at_context: int | None
     fits: bool | None  # batch x blocks_per_sequence <= num_blocks; None without vram
+    fits_to_load: bool | None  # weights + load peak <= vram x utilization; None without vram
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -224,13 +230,18 @@ class KVPlan:
                 weights = "0 (not given)"
             else:
                 weights = f"{format_bytes(self.weights_bytes)}, {self.weights_source}"
-                if self.weights_dtype:
+                if self.weights_format:
+                    weights += f" as {self.weights_format}"
+                elif self.weights_dtype:
                     weights += f" at {self.weights_dtype}"
             rows += [
                 ("VRAM", f"{format_bytes(self.vram_bytes)} x {self.gpu_memory_utilization}"),
                 ("weights", weights),
-                ("KV budget", format_bytes(self.kv_budget_bytes)),
             ]
+            if self.load_peak_bytes:
+                load = "yes" if self.fits_to_load else "NO"
+                rows.append(("load peak", f"{format_bytes(self.load_peak_bytes)} (fits: {load})"))
+            rows.append(("KV budget", format_bytes(self.kv_budget_bytes)))
             if self.budget_deficit_bytes:
                 rows.append(("weights overrun", format_bytes(self.budget_deficit_bytes)))
             rows += [
@@ -257,6 +268,7 @@ def plan_kv(
     num_layers: int | None = None,
     num_kv_heads: int | None = None,
     head_dim: int | None = None,
+    quantization: str = "auto",
 ) -> KVPlan:
     """The KV plan for `model` (see `model_config`), or for explicit layers / heads / head dim.
 
@@ -294,16 +306,32 @@ def plan_kv(
     vram = None if vram_bytes is None else parse_bytes(vram_bytes)
     if vram is not None and vram < 1:
         raise ValueError(f"vram must be a positive byte count, got {vram_bytes!r}")
-    weights, source, w_dtype = None, "none", None
+    weights, source, w_dtype, w_format, peak = None, "none", None, None, None
     if weights_bytes is not None:
         weights, source = parse_bytes(weights_bytes), "given"
     elif mc is not None:
         w_dtype = dtype_name(weights_dtype or ("fp16" if kv_dtype == "fp8" else kv_dtype))
         weights, source = estimate_weight_bytes(mc, w_dtype), "estimated"
+        header = _weights_header(model)
+        if header is not None:
+            from engine.weight_plan import plan_weights
 
-    budget = deficit = num_blocks = max_tokens = max_seqs = fits = None
+            torch_dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[w_dtype]
+            wp = plan_weights(
+                *header,
+                quantization,
+                _torch_device("cuda"),
+                _torch_dtype(torch_dtype),
+                mc.tie_word_embeddings,
+            )
+            weights, peak = wp.runtime_bytes, wp.load_peak_bytes
+            w_format = "+".join(wp.formats).replace("float32", w_dtype).replace("F32", w_dtype)
+
+    budget = deficit = num_blocks = max_tokens = max_seqs = fits = fits_to_load = None
     if vram is not None:
-        raw = int(vram * gpu_memory_utilization) - (weights or 0)  # the engine's rounding
+        usable = int(vram * gpu_memory_utilization)
+        fits_to_load = (weights or 0) + (peak or 0) <= usable
+        raw = usable - (weights or 0)  # the engine's rounding
         budget, deficit = max(raw, 0), max(-raw, 0)
         num_blocks = budget // per_block
         max_tokens = num_blocks * block_size
@@ -332,13 +360,55 @@ def plan_kv(
         weights_bytes=weights,
         weights_source=source,
         weights_dtype=w_dtype,
+        weights_format=w_format,
+        load_peak_bytes=peak,
         kv_budget_bytes=budget,
         budget_deficit_bytes=deficit,
         num_blocks=num_blocks,
         max_tokens_in_budget=max_tokens,
         max_sequences_at_context=max_seqs,
         fits=fits,
+        fits_to_load=fits_to_load,
     )
+
+
+def _torch_device(name: str):
+    import torch
+
+    return torch.device(name)
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _weights_header(model) -> tuple[dict, dict] | None:
+    """(shapes, kinds) of every weight tensor, from a GGUF header or safetensors headers; None
+    for a ModelConfig or a lone config.json. Reads no tensor data."""
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        weights = getattr(model, "weights", None)  # a LoadedModel
+        return (weights.shapes(), weights.kinds()) if weights is not None else None
+    from engine.model.gguf_file import read_gguf
+    from engine.model.gguf_loader import GGUFSource
+    from engine.model.loader import default_model_path
+
+    path = default_model_path() if model in (None, "default") else Path(model).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        path = ggufs[0] if len(ggufs) == 1 else path
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        source = GGUFSource(read_gguf(path), {})
+        return source.shapes(), source.kinds()
+    folder = path if path.is_dir() else path.parent
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    from engine.model.weight_source import SafetensorsSource
+
+    source = SafetensorsSource(files)
+    return source.shapes(), source.kinds()
 
 
 def _check_positive(name: str, value: object) -> None:

@@ -11,6 +11,11 @@ float8_e4m3fn. With fp8, `k_scale` / `v_scale` (float32, [num_kv_heads] or one p
 K/V on store and multiply them back on load. Decode attention picks split-K (partitioned context
 plus a reduce kernel) for long contexts at small batch; see `triton_kernels.decode_num_splits`.
 
+`quantized_matmul(x, w)` is x @ W.T for a weight in the packed `QuantizedTensor` format
+(`quant_format`): Triton dequantizes W inside the GEMM (`triton_quant`); the torch reference
+dequantizes a few rows at a time and multiplies densely. "auto" falls back to the reference for
+a layout the Triton kernel does not take (see `triton_quant.supports`).
+
 Triton is imported on the first Triton call, not here: a CPU machine never needs it.
 """
 
@@ -22,13 +27,20 @@ from types import ModuleType
 
 import torch
 
+from kernels.quant_format import QuantizedTensor, quantized_matmul_torch
 from kernels.torch_ref import (
     paged_decode_attention_torch,
     paged_prefill_attention_torch,
     store_kv_torch,
 )
 
-__all__ = ["paged_decode_attention", "paged_prefill_attention", "store_kv", "resolve_backend"]
+__all__ = [
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "quantized_matmul",
+    "store_kv",
+    "resolve_backend",
+]
 
 _BACKENDS = ("auto", "torch", "triton")
 
@@ -41,6 +53,14 @@ def _triton_kernels() -> ModuleType | None:
     from kernels import triton_kernels
 
     return triton_kernels
+
+
+@functools.cache
+def _triton_quant() -> ModuleType:
+    """The quantized-matmul Triton kernel (only asked for once `_triton_kernels` found triton)."""
+    from kernels import triton_quant
+
+    return triton_quant
 
 
 def resolve_backend(backend: str, tensor: torch.Tensor) -> str:
@@ -100,3 +120,12 @@ def paged_prefill_attention(
     return impl(
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, k_scale, v_scale
     )
+
+
+def quantized_matmul(x: torch.Tensor, w: QuantizedTensor, backend: str = "auto") -> torch.Tensor:
+    """x [M, K] @ W.T -> [M, N] in x's dtype, W a `QuantizedTensor` [N, K]."""
+    if resolve_backend(backend, x) == "triton":
+        tq = _triton_quant()
+        if backend == "triton" or tq.supports(w):
+            return tq.quantized_matmul_triton(x, w)
+    return quantized_matmul_torch(x, w)

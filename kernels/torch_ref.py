@@ -1,6 +1,6 @@
 """Torch reference implementations of the paged-KV kernels: the CPU path and the test oracle.
 
-Shapes follow DESIGN.md: caches are [num_blocks, block_size, num_kv_heads, head_dim]; a slot is
+Shapes (ARCHITECTURE.md): caches are [num_blocks, block_size, num_kv_heads, head_dim]; a slot is
 block_id * block_size + offset.
 """
 

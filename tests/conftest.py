@@ -16,11 +16,18 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def default_model():
-    """The bundled model, read once per test session (LLM(model=...) reuses it)."""
+def default_model_lazy():
+    """The bundled model as `load_model` returns it: header and tokenizer, weights on disk."""
     from engine.model.loader import load_model
 
     return load_model(None)
+
+
+@pytest.fixture(scope="session")
+def default_model(default_model_lazy):
+    """The bundled model dequantized to float32 once per test session: the exact reference
+    path, which LLM(model=...) builds from without reading the file again."""
+    return default_model_lazy.materialized("none")
 
 
 @pytest.fixture(scope="session")

@@ -50,9 +50,16 @@ def test_dialog_shows_the_model_and_the_planners_prediction(qtbot):
     qtbot.addWidget(dialog)
     info = dialog.picker.info.text()
     assert "llama" in info and "134.5M parameters" in info and "30 layers" in info
-    # SmolLM2: 2 x 30 layers x 3 KV heads x 64 x 4 bytes (fp32 on CPU) per token.
+    # The bundled Q4_1 file stays quantized, so on a CPU "auto" computes (and keeps KV) in
+    # bfloat16: 2 x 30 layers x 3 KV heads x 64 x 2 bytes per token.
+    prediction = dialog.picker.prediction.text()
+    assert "Weights: Q4_1+Q8_0 kept as cpu-int4" in prediction
+    assert "compute in bfloat16" in prediction
+    assert "23,040 B" in prediction and "182 blocks of 16 = 2,912 tokens" in prediction
+    dialog.quantization.setCurrentText("none")  # dequantized: float32, as before
     prediction = dialog.picker.prediction.text()
     assert "46,080 B" in prediction and "91 blocks of 16 = 1,456 tokens" in prediction
+    assert "Weights: dequantized kept as dense" in prediction
     dialog.block_size.setCurrentText("32")
     dialog.kv_dtype.setCurrentText("float16")
     assert "91 blocks of 32 = 2,912 tokens" in dialog.picker.prediction.text()
@@ -76,7 +83,9 @@ def test_applying_settings_rebuilds_the_engine_and_keeps_chats(make_window, qtbo
     assert ready.args[0].block_size == 32
     assert busy == ["Rebuilding the engine…", ""]  # the busy bar's text, then idle
     qtbot.waitUntil(lambda: window.last_telemetry.stats["kv_block_size"] == 32, timeout=TIMEOUT_MS)
-    assert window.client.worker._loaded is default_model  # weights reused, not re-read
+    assert window.client.worker._loaded is default_model  # tokenizer reused, not rebuilt
+    assert window.engine_info.weight_format == "float32"
+    assert "weights float32" in window.model_label.text()
     assert window.store.messages(cid)[0].content == "Keep me"
     assert "× 32" in window.model_label.text()
 

@@ -229,7 +229,7 @@ def big_snapshot(n: int = 100_000, seqs: int = 400) -> KVSnapshot:
 
 def test_100k_block_build_time(qtbot):
     """Prints the RGBA build + setImage (+ QImage conversion) time for a 100k-block pool at the
-    cell size a 900 x 700 view picks; no timing assert (see DESIGN.md)."""
+    cell size a 900 x 700 view picks; no timing assert (timings live in `kvscope bench`)."""
     from app.blockmap.block_map import BlockMapView
 
     view = BlockMapView()

@@ -37,14 +37,14 @@ def test_default_model_config(default_model):
     c = default_model.config
     assert (c.architecture, c.num_layers, c.num_heads, c.num_kv_heads) == ("llama", 30, 9, 3)
     assert (c.head_dim, c.hidden_size, c.vocab_size) == (64, 576, 49152)
-    assert c.tie_word_embeddings and "lm_head.weight" not in default_model.weights
+    assert c.tie_word_embeddings and "lm_head.weight" not in default_model.weights.shapes()
     assert c.bos_token_id == 1 and 2 in c.eos_token_ids  # <|im_start|>, <|im_end|>
     assert default_model.kind == "gguf" and c.rope_scaling is None
 
 
 @pytest.mark.slow
 def test_default_weights_equal_transformers_gguf_load(default_model, transformers_state):
-    ours = default_model.weights
+    ours = default_model.read_all()
     assert len(ours) == 1 + 30 * 9 + 1
     for name, tensor in ours.items():
         assert torch.equal(tensor, transformers_state[name]), name
@@ -64,8 +64,9 @@ def test_tiny_hf_folder_round_trip(tmp_path, tokenizer, arch, llama3_rope):
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
     if loaded.config.tie_word_embeddings:
         reference.pop("lm_head.weight")
-    assert loaded.kind == "hf" and loaded.weights.keys() == reference.keys()
-    for name, tensor in loaded.weights.items():
+    weights = loaded.read_all()
+    assert loaded.kind == "hf" and weights.keys() == reference.keys()
+    for name, tensor in weights.items():
         assert torch.equal(tensor, reference[name]), name
     c = loaded.config
     assert (c.architecture, c.attention_bias, c.qk_norm) == (arch, arch == "qwen2", arch == "qwen3")
@@ -84,8 +85,9 @@ def test_sharded_hf_folder(tmp_path, tokenizer):
 def test_tiny_gguf_round_trip(tmp_path, arch, llama3_rope):
     path, weights = make_tiny_gguf(arch, tmp_path / f"{arch}.gguf", llama3_rope=llama3_rope)
     loaded = load_model(path)
-    assert loaded.kind == "gguf" and loaded.weights.keys() == weights.keys()
-    for name, tensor in loaded.weights.items():
+    ours = loaded.read_all()
+    assert loaded.kind == "gguf" and ours.keys() == weights.keys()
+    for name, tensor in ours.items():
         assert torch.equal(tensor, weights[name]), name
     c = loaded.config
     assert (c.attention_bias, c.qk_norm) == (arch == "qwen2", arch == "qwen3")
@@ -187,12 +189,12 @@ def test_config_weight_shape_mismatch_named(tmp_path, tokenizer):
 
 def test_check_weights_reports_missing_and_unexpected():
     config = ModelConfig("llama", 300, 64, 128, 2, 4, 2, 16, 1e-6, 1e4, 512, False)
-    weights = {k: torch.zeros(s) for k, s in expected_weight_shapes(config).items()}
+    weights = dict(expected_weight_shapes(config))
     check_weights(config, weights, "ok")
     with pytest.raises(ValueError, match="missing.*q_proj"):
         check_weights(config, {k: v for k, v in weights.items() if "q_proj" not in k}, "m")
     with pytest.raises(ValueError, match="mlp.gate_proj.bias"):
-        check_weights(config, weights | {"model.layers.0.mlp.gate_proj.bias": torch.zeros(1)}, "m")
+        check_weights(config, weights | {"model.layers.0.mlp.gate_proj.bias": (1,)}, "m")
 
 
 def test_two_ggufs_in_a_folder_is_ambiguous(tmp_path):

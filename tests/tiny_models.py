@@ -213,3 +213,81 @@ def _llama_cpp_rope_freqs(config) -> np.ndarray:
 def _byte_alphabet() -> list[str]:
     """GPT-2's printable stand-ins for the 256 byte values, in byte order."""
     return [bytes_to_unicode()[b] for b in range(256)]
+
+
+# ---- quantized GGUFs ------------------------------------------------------------------------
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def random_quant_blocks(qtype_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Raw GGUF bytes of a [rows, cols] matrix in `qtype_name` with weights of about +-0.1.
+
+    The legacy types go through gguf's own quantizer; K-quant blocks are built from random
+    bytes (every bit pattern is a valid K-quant block) with small float16 super-scales."""
+    qtype = gguf.GGMLQuantizationType[qtype_name]
+    rng = np.random.default_rng(seed)
+    if qtype_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+        floats = rng.normal(0, 0.05, size=(rows, cols)).astype(np.float32)
+        return gguf.quants.quantize(floats, qtype)
+    block, type_size = gguf.constants.GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * cols // block
+    raw = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
+
+    def halves(low: float, high: float) -> np.ndarray:
+        return rng.uniform(low, high, size=(n_blocks, 1)).astype(np.float16).view(np.uint8)
+
+    if qtype_name in ("Q4_K", "Q5_K"):  # d, dmin first; values d sc q - dmin m
+        top = 15 if qtype_name == "Q4_K" else 31
+        raw[:, 0:2] = halves(0.1 / 63 / top, 0.2 / 63 / top)
+        raw[:, 2:4] = halves(0.05 / 63, 0.1 / 63)
+    else:  # Q6_K: d last; values d sc (q - 32) with int8 sc
+        raw[:, -2:] = halves(0.1 / 127 / 32, 0.2 / 127 / 32)
+    return raw.reshape(rows, cols // block * type_size)
+
+
+def make_quant_gguf(path: Path, qtype_name: str, seed: int = 0) -> Path:
+    """A tiny Llama GGUF (2 layers, hidden 256: K-quants need rows of 256) whose matrices are
+    all `qtype_name` and whose norms are float32; the byte-level vocabulary of make_tiny_gguf."""
+    tokens = [*_byte_alphabet(), "hi", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bos, eos = tokens.index("<|im_start|>"), tokens.index("<|endoftext|>")
+    config = tiny_config("llama", len(tokens), bos=bos, eos=eos)
+    config.hidden_size, config.intermediate_size, config.head_dim = 256, 512, 64
+    writer = gguf.GGUFWriter(path, "llama")
+    _write_metadata(writer, config)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 3) + [3] * 3)
+    writer.add_token_merges(["h i"])
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(eos)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    qtype = gguf.GGMLQuantizationType[qtype_name]
+    h, inter, kv = 256, 512, config.num_key_value_heads * 64
+    vocab = len(tokens) + (-len(tokens)) % 4  # whole rows; pad ids are never produced
+    matrices = {"token_embd": (vocab, h), "output": (vocab, h)}
+    for i in range(config.num_hidden_layers):
+        matrices |= {
+            f"blk.{i}.attn_q": (h, h),
+            f"blk.{i}.attn_k": (kv, h),
+            f"blk.{i}.attn_v": (kv, h),
+            f"blk.{i}.attn_output": (h, h),
+            f"blk.{i}.ffn_gate": (inter, h),
+            f"blk.{i}.ffn_up": (inter, h),
+            f"blk.{i}.ffn_down": (h, inter),
+        }
+    rng = np.random.default_rng(seed)
+    for j, (name, (rows, cols)) in enumerate(matrices.items()):
+        raw = random_quant_blocks(qtype_name, rows, cols, seed * 1000 + j)
+        writer.add_tensor(f"{name}.weight", raw, raw_shape=raw.shape, raw_dtype=qtype)
+    norms = ["output_norm"] + [
+        f"blk.{i}.{n}" for i in range(config.num_hidden_layers) for n in ("attn_norm", "ffn_norm")
+    ]
+    for name in norms:
+        writer.add_tensor(f"{name}.weight", rng.normal(1, 0.1, size=h).astype(np.float32))
+    writer.add_vocab_size(vocab)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)

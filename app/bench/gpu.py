@@ -380,12 +380,10 @@ class ContiguousSdpaDecoder:
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         positions = torch.arange(start, start + t, device=ids.device).repeat(b)
         cos, sin = m.rope.cos_sin(positions)
-        h = F.embedding(ids.reshape(-1), m.embed)
+        h = m.embed(ids.reshape(-1))
         for i, layer in enumerate(m.layers):
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
-            qkv = x @ layer.qkv
-            if layer.qkv_bias is not None:
-                qkv = qkv + layer.qkv_bias
+            qkv = layer.qkv(x)
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
             q, k, v = q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d)
             if layer.q_norm is not None:
@@ -407,10 +405,10 @@ class ContiguousSdpaDecoder:
                     is_causal=True,
                     scale=layer.scale,
                 ).transpose(1, 2)
-            h = h + attn.reshape(b * t, hq * d) @ layer.o_proj
+            h = h + layer.o_proj(attn.reshape(b * t, hq * d))
             x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
-            gate, up = (x @ layer.gate_up).chunk(2, dim=-1)
-            h = h + (F.silu(gate) * up) @ layer.down
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            h = h + layer.down(F.silu(gate) * up)
         last = h.view(b, t, -1)[:, -1]
         return m.compute_logits(rms_norm(last, m.norm, cfg.rms_norm_eps))
 

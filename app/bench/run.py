@@ -55,6 +55,13 @@ def run_bench(args: argparse.Namespace) -> int:
         from app.bench.gpu import run_gpu_bench
 
         return run_gpu_bench(args)
+    if getattr(args, "models", False):
+        from app.bench.models_bench import run_models_bench
+        from app.paths import cache_dir
+
+        run_models_bench(Path(args.out), cache_dir() / "bench-models")
+        print(f"  wrote {Path(args.out) / 'bench_models.json'} and bench_models.png")
+        return 0
     settings = BenchSettings(
         out=Path(args.out),
         workload=Path(args.workload) if args.workload else None,
@@ -88,7 +95,8 @@ def benchmark(
     requests = load_chat_workload(settings.workload, settings.num_requests, settings.max_tokens_cap)
     loaded = loaded or load_model(None)
     # The bench compares like with like: float32 on the CPU for every contender.
-    llm = LLM(model=loaded, device="cpu", dtype="float32")
+    # Dequantized float32: the same numbers HF transformers computes with, a like-for-like race.
+    llm = LLM(model=loaded, device="cpu", dtype="float32", quantization="none")
     engine = llm.engine
     prompts = [engine.tokenize(engine.apply_chat_template(r.messages))[1] for r in requests]
     max_tokens = [r.max_tokens for r in requests]

@@ -68,6 +68,8 @@ class GGUFTensor:
     qtype: GGMLQuantizationType
     shape: tuple[int, ...]  # numpy order, outermost first (the file lists dims innermost first)
     data: np.ndarray  # read-only view of the file, as GGUFReader gives it to gguf.quants
+    offset: int = 0  # where its bytes start in the file
+    nbytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -240,4 +242,4 @@ class _Parser:
                 f"tensor {name!r} ({n_bytes} bytes at {start}) runs past the end of the file"
             )
         data = np.frombuffer(self.buf, dtype, count, start).reshape(data_shape)
-        return GGUFTensor(name, qtype, shape, data)
+        return GGUFTensor(name, qtype, shape, data, start, n_bytes)

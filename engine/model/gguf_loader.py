@@ -1,22 +1,34 @@
-"""GGUF file -> ModelConfig + dequantized float32 weights under HF names + HF tokenizer."""
+"""GGUF file -> ModelConfig + a streaming weight source under HF names + HF tokenizer.
+
+Quantized tensors stay quantized (`kernels.quant_format`); reading converts one tensor at a
+time, a few rows at a time, straight from the file's blocks (`engine.quant.gguf_blocks`).
+"""
 
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 import torch
+from gguf.constants import GGML_QUANT_SIZES
 from transformers import AutoTokenizer
 
 from engine.model.gguf_file import GGUFFile, GGUFTensor, read_gguf
 from engine.model.loader import LoadedModel, check_weights, turn_end_token_ids
 from engine.model.model_config import ModelConfig
 from engine.model.tokenizer_cache import cached_tokenizer
+from engine.model.weight_source import Weight, finish, read_exact
+from engine.quant.gguf_blocks import (
+    DENSE_TYPES,
+    SUPPORTED_QUANT_TYPES,
+    Q,
+    _halves_or_f32,
+    decode_blocks,
+)
+from engine.weight_plan import ModelTooLargeError
+from kernels.quant_format import QuantizedTensor
 
 # llama.cpp writes Mistral checkpoints as "llama"; Qwen2/Qwen3 keep their own name.
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -42,7 +54,9 @@ BLOCK_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 ROPE_FREQS = "rope_freqs.weight"
-_NO_DATA = torch.empty(0)  # stands in for tensors whose values gguf_config never reads
+# Rows decoded per step: bounds the numpy scratch of one conversion (~16 MiB of codes).
+CHUNK_ELEMENTS = 1 << 24
+_DENSE_NUMPY = {Q.F32: np.dtype("<f4"), Q.F16: np.dtype("<f2"), Q.BF16: np.dtype("<u2")}
 
 
 def load_gguf(path: Path) -> LoadedModel:
@@ -52,23 +66,130 @@ def load_gguf(path: Path) -> LoadedModel:
     gguf_file = read_gguf(path)
     metadata = gguf_file.metadata
     arch = _architecture(metadata, path)
+    _check_tensor_types(gguf_file)
     row_orders = _rope_row_orders(gguf_file, arch) if arch in PERMUTED_QK_ARCHITECTURES else {}
-    tensors = _dequantize_all(gguf_file, row_orders)
-    config = _config(metadata, arch, tensors, path)
-    weights = {_hf_name(name, path): t for name, t in tensors.items() if name != ROPE_FREQS}
-    check_weights(config, weights, str(path))
+    config = gguf_config(gguf_file)
+    source = GGUFSource(gguf_file, row_orders)
+    check_weights(config, source.shapes(), str(path))
     tokenizer = _tokenizer(metadata, path)
-    return LoadedModel(config, weights, tokenizer, source=str(path), kind="gguf")
+    return LoadedModel(config, source, tokenizer, source=str(path), kind="gguf")
 
 
 def gguf_config(gguf_file: GGUFFile) -> ModelConfig:
     """The ModelConfig from the header alone; of the tensors only a llama3 `rope_freqs` is read."""
     arch = _architecture(gguf_file.metadata, gguf_file.path)
-    # _config needs tensor names only, plus the values of rope_freqs (one float per frequency).
-    rope_freqs = [t for t in gguf_file.tensors if t.name == ROPE_FREQS]
-    tensors = {t.name: _NO_DATA for t in gguf_file.tensors}
-    tensors |= _dequantize_all(replace(gguf_file, tensors=rope_freqs), {})
-    return _config(gguf_file.metadata, arch, tensors, gguf_file.path)
+    names = {t.name for t in gguf_file.tensors}
+    rope_freqs = next((t for t in gguf_file.tensors if t.name == ROPE_FREQS), None)
+    freqs = None
+    if rope_freqs is not None:
+        if rope_freqs.qtype != Q.F32:
+            raise ValueError(f"{gguf_file.path}: {ROPE_FREQS} is {rope_freqs.qtype.name}, not F32")
+        freqs = np.array(rope_freqs.data, dtype=np.float32).reshape(-1)
+    return _config(gguf_file.metadata, arch, names, freqs, gguf_file.path)
+
+
+def _check_tensor_types(gguf_file: GGUFFile) -> None:
+    """Refuse, before reading any data, a tensor type the engine cannot run."""
+    known = (*SUPPORTED_QUANT_TYPES, *DENSE_TYPES)
+    for t in gguf_file.tensors:
+        if t.qtype not in known:
+            raise ValueError(
+                f"{gguf_file.path}: tensor {t.name!r} has type {t.qtype.name}, which KVScope "
+                f"cannot run (supported: {', '.join(q.name for q in known)})"
+            )
+        if t.qtype in SUPPORTED_QUANT_TYPES and len(t.shape) != 2:
+            raise ValueError(
+                f"{gguf_file.path}: tensor {t.name!r} is a {len(t.shape)}-D {t.qtype.name} "
+                "tensor; only matrices are expected to be quantized"
+            )
+
+
+class GGUFSource:
+    """A GGUF file's tensors under HF names, read and converted one at a time."""
+
+    def __init__(self, gguf_file: GGUFFile, row_orders: dict[str, np.ndarray]) -> None:
+        self.path = gguf_file.path
+        self.row_orders = row_orders
+        self.tensors: dict[str, GGUFTensor] = {
+            _hf_name(t.name, self.path): t for t in gguf_file.tensors if t.name != ROPE_FREQS
+        }
+        self.file_bytes = self.path.stat().st_size
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: t.shape for name, t in self.tensors.items()}
+
+    def kinds(self) -> dict[str, str]:
+        return {name: t.qtype.name for name, t in self.tensors.items()}
+
+    def read(self, name: str, quantization: str, dtype: torch.dtype) -> Weight:
+        t = self.tensors[name]
+        with open(self.path, "rb") as f:
+            if t.qtype in DENSE_TYPES:
+                raw = read_exact(f, t.offset, t.nbytes).view(_DENSE_NUMPY[t.qtype])
+                raw = raw.reshape(t.shape)
+                order = self.row_orders.get(t.name)
+                tensor = torch.from_numpy(raw if order is None else raw[order])
+                if t.qtype == Q.BF16:
+                    tensor = tensor.view(torch.bfloat16)
+                return finish(tensor, name, quantization, dtype)
+            return finish(self._quantized(f, t), name, quantization, dtype)
+
+    def _quantized(self, f, t: GGUFTensor) -> QuantizedTensor:
+        n, k = t.shape
+        block, type_size = GGML_QUANT_SIZES[t.qtype]
+        row_bytes = k // block * type_size
+        order = self.row_orders.get(t.name)
+        whole = None
+        if order is not None:  # a permuted q/k matrix: read it whole, reorder its rows
+            whole = read_exact(f, t.offset, t.nbytes).reshape(n, row_bytes)[order]
+        step = max(1, CHUNK_ELEMENTS // k)
+        parts: dict[str, torch.Tensor | None] = {}
+        meta: dict = {}
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            if whole is not None:
+                raw = whole[start:stop]
+            else:
+                raw = read_exact(f, t.offset + start * row_bytes, (stop - start) * row_bytes)
+                raw = raw.reshape(stop - start, row_bytes)
+            chunk = decode_blocks(raw, t.qtype, k)
+            if not parts:
+                meta = {key: chunk[key] for key in ("bits", "group_size", "super_group_size")}
+                for key in ("codes", "d", "dmin", "sub_scale", "sub_min"):
+                    value = chunk.get(key)
+                    if value is None:
+                        parts[key] = None
+                        continue
+                    # Scales are gathered in float32 and narrowed once at the end.
+                    dt = np.float32 if key in ("d", "dmin") else value.dtype
+                    parts[key] = torch.empty((n, value.shape[1]), dtype=_torch_dtype(dt))
+            for key, value in parts.items():
+                if value is not None:
+                    value[start:stop] = torch.from_numpy(chunk[key].astype(value.numpy().dtype))
+        d = _halves_or_f32(parts["d"].numpy())
+        dmin = _halves_or_f32(parts["dmin"].numpy())
+        if d.dtype != dmin.dtype:
+            d, dmin = d.astype(np.float32), dmin.astype(np.float32)
+        sub_scale = parts["sub_scale"]
+        shared = sub_scale is not None and parts["sub_min"] is None
+        return QuantizedTensor(
+            shape=(n, k),
+            codes=parts["codes"],
+            d=torch.from_numpy(d),
+            dmin=torch.from_numpy(dmin),
+            sub_scale=sub_scale,
+            sub_min=sub_scale if shared else parts["sub_min"],
+            kind=t.qtype.name,
+            **meta,
+        )
+
+
+def _torch_dtype(dt) -> torch.dtype:
+    return {
+        np.dtype(np.uint8): torch.uint8,
+        np.dtype(np.int8): torch.int8,
+        np.dtype(np.float32): torch.float32,
+    }[np.dtype(dt)]
 
 
 def _architecture(metadata: dict[str, Any], path: Path) -> str:
@@ -109,25 +230,6 @@ def _rope_row_orders(gguf_file: GGUFFile, arch: str) -> dict[str, np.ndarray]:
     return orders
 
 
-def _dequantize_all(
-    gguf_file: GGUFFile, row_orders: dict[str, np.ndarray]
-) -> dict[str, torch.Tensor]:
-    def one(t: GGUFTensor) -> tuple[str, torch.Tensor]:
-        order = row_orders.get(t.name)
-        data = t.data if order is None else t.data[order]
-        array = gguf.quants.dequantize(data, t.qtype)
-        # F32 tensors come back as read-only views of the mmap; copy those only.
-        array = np.require(array.reshape(t.shape), np.float32, ["C", "W"])
-        return t.name, torch.from_numpy(array)
-
-    try:
-        # numpy releases the GIL in the dequant kernels, so threads overlap the big tensors.
-        with ThreadPoolExecutor() as pool:
-            return dict(pool.map(one, gguf_file.tensors))
-    except (ValueError, NotImplementedError) as e:
-        raise ValueError(f"{gguf_file.path}: cannot dequantize tensors: {e}") from e
-
-
 def _hf_name(gguf_name: str, path: Path) -> str:
     parts = gguf_name.split(".")
     if len(parts) == 2 and parts[0] in GLOBAL_NAMES:
@@ -138,7 +240,11 @@ def _hf_name(gguf_name: str, path: Path) -> str:
 
 
 def _config(
-    metadata: dict[str, Any], arch: str, tensors: dict[str, torch.Tensor], path: Path
+    metadata: dict[str, Any],
+    arch: str,
+    names: set[str],
+    rope_freqs: np.ndarray | None,
+    path: Path,
 ) -> ModelConfig:
     def meta(key: str, default=None):
         value = metadata.get(f"{arch}.{key}", default)
@@ -170,11 +276,11 @@ def _config(
         rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon")),
         rope_theta=rope_theta,
         max_position_embeddings=int(meta("context_length")),
-        tie_word_embeddings="output.weight" not in tensors,
-        rope_scaling=_rope_scaling(metadata, arch, tensors, rope_theta, head_dim, path),
+        tie_word_embeddings="output.weight" not in names,
+        rope_scaling=_rope_scaling(metadata, arch, rope_freqs, rope_theta, head_dim, path),
         # Qwen2 has q/k/v biases and Qwen3 per-head q/k norms; the tensors say which is here.
-        attention_bias="blk.0.attn_q.bias" in tensors,
-        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
         bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(dict.fromkeys(([eos] if eos is not None else []) + list(turn_ends))),
         name=path.name,
@@ -184,14 +290,14 @@ def _config(
 def _rope_scaling(
     metadata: dict[str, Any],
     arch: str,
-    tensors: dict[str, torch.Tensor],
+    rope_freqs: np.ndarray | None,
     rope_theta: float,
     head_dim: int,
     path: Path,
 ) -> dict | None:
     """HF-style rope_scaling from the GGUF metadata, or from the llama3 `rope_freqs` tensor."""
-    if ROPE_FREQS in tensors:
-        return _llama3_from_rope_freqs(tensors[ROPE_FREQS].numpy(), rope_theta, head_dim, path)
+    if rope_freqs is not None:
+        return _llama3_from_rope_freqs(rope_freqs, rope_theta, head_dim, path)
     kind = metadata.get(f"{arch}.rope.scaling.type", "none")
     if kind == "none":
         return None
@@ -258,6 +364,12 @@ def _tokenizer(metadata: dict[str, Any], path: Path):
     def convert():
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except MemoryError as e:  # not the file's fault: say so, not "cannot build a tokenizer"
+            raise ModelTooLargeError(
+                f"{path}: ran out of host memory while converting its tokenizer "
+                f"({len(metadata.get('tokenizer.ggml.tokens', [])):,} tokens); close other "
+                "programs and try again"
+            ) from e
         except Exception as e:  # transformers raises many types for a tokenizer it cannot convert
             raise ValueError(f"{path}: cannot build a tokenizer from the GGUF metadata: {e}") from e
         # Older transformers versions drop the template when converting a GGUF tokenizer.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from engine.model.loader import LoadedModel, check_weights, turn_end_token_ids
 from engine.model.model_config import ModelConfig
+from engine.model.weight_source import SafetensorsSource
+from engine.weight_plan import ModelTooLargeError
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -31,12 +31,10 @@ def load_hf_folder(path: Path) -> LoadedModel:
         config = _config(hf, arch, _eos_ids(hf, path, tokenizer), path)
     except KeyError as e:
         raise ValueError(f"{path / 'config.json'} lacks the key {e}") from e
-    weights = _weights(path)
     # Rotary tables are recomputed from the config; a tied head is the embedding itself.
-    weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
-    if config.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)
-    check_weights(config, weights, str(path))
+    skip = ["lm_head.weight"] if config.tie_word_embeddings else []
+    weights = SafetensorsSource(_weight_files(path), skip=skip)
+    check_weights(config, weights.shapes(), str(path))
     return LoadedModel(config, weights, tokenizer, source=str(path), kind="hf")
 
 
@@ -128,7 +126,7 @@ def _eos_ids(hf: dict, path: Path, tokenizer) -> tuple[int, ...]:
     return tuple(dict.fromkeys(eos))
 
 
-def _weights(path: Path) -> dict[str, torch.Tensor]:
+def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         files = sorted({path / f for f in _read_json(index)["weight_map"].values()})
@@ -136,17 +134,16 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
         files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path} has no *.safetensors weights")
-    weights: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            weights |= load_file(file)  # keeps the checkpoint's dtype; the engine casts later
-        except Exception as e:  # safetensors raises its own error type for a damaged header
-            raise ValueError(f"{file} is not a readable safetensors file: {e}") from e
-    return weights
+    return files
 
 
 def _tokenizer(path: Path):
     try:
         return AutoTokenizer.from_pretrained(str(path))
+    except MemoryError as e:  # not the files' fault: say so, not "cannot load the tokenizer"
+        raise ModelTooLargeError(
+            f"{path}: ran out of host memory while loading its tokenizer; close other programs "
+            "and try again"
+        ) from e
     except Exception as e:  # transformers raises many types for missing/odd tokenizer files
         raise ValueError(f"{path}: cannot load the tokenizer: {e}") from e

