@@ -223,3 +223,17 @@ def test_planner_counts_the_kept_format(tmp_path):
     assert abs(kept.weights_bytes - llm.stats()["weight_bytes"]) < 0.01 * kept.weights_bytes
     assert dense.weights_bytes > 3 * kept.weights_bytes
     assert kept.load_peak_bytes > 0 and kept.fits_to_load
+
+
+def test_out_of_memory_in_the_tokenizer_is_not_called_a_broken_tokenizer(tmp_path, monkeypatch):
+    import engine.model.gguf_loader as loader_module
+    from engine.weight_plan import ModelTooLargeError
+
+    path = make_quant_gguf(tmp_path / "fresh.gguf", "Q8_0")  # a new file: not in the cache
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(loader_module.AutoTokenizer, "from_pretrained", exhausted)
+    with pytest.raises(ModelTooLargeError, match="ran out of host memory while converting"):
+        load_model(path)
