@@ -397,6 +397,12 @@ class EngineWorker(QObject):
     def _deliver(self, output) -> None:
         request_id = output.request_id
         if request_id in self._requests:
+            errors = [c.error for c in output.outputs if c.error]
+            if output.finished and errors and all(c.error for c in output.outputs):
+                # The engine failed this reply alone (the others go on): say why.
+                self._requests.pop(request_id)
+                self.request_failed.emit(request_id, f"the engine failed this reply: {errors[0]}")
+                return
             if output.finished:
                 dropped = self._requests.pop(request_id)
             else:

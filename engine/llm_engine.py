@@ -214,10 +214,13 @@ class LLMEngine:
         if seqs:
             seqs, logits = self._fork_pending_samples(seqs, logits)
             rows = [SamplingRow(s.request.params, s.token_ids, s.generator) for s in seqs]
-            results = self.sampler(logits, rows)
+            results = self._sample(logits, rows)
             now = time.time()
             for seq, result in zip(seqs, results, strict=True):
-                self._append_token(seq, result, now)
+                if isinstance(result, Exception):
+                    self._fail(seq, result)
+                else:
+                    self._append_token(seq, result, now)
                 touched[seq.request.request_id] = seq.request
             stepped += [s for s in seqs if s.index > 0]  # forked samples appear this step
         self.emit_progress(stepped)
@@ -256,6 +259,26 @@ class LLMEngine:
                 rows.append(row)
             parent.request.pending_forks = []
         return out_seqs, logits[torch.tensor(rows, device=logits.device)]
+
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list:
+        """Sample every row; if the batch fails, row by row, so that one request's failure
+        (an exception for its parameters) fails that request alone and the others go on."""
+        try:
+            return self.sampler(logits, rows)
+        except Exception:
+            results: list = []
+            for i, row in enumerate(rows):
+                try:
+                    results.extend(self.sampler(logits[i : i + 1], [row]))
+                except Exception as e:  # this row's own failure: reported on its output
+                    results.append(e)
+            return results
+
+    def _fail(self, seq: Sequence, error: Exception) -> None:
+        """Finish a sequence whose step failed: its blocks are freed, its output says why."""
+        seq.error = f"{type(error).__name__}: {error}"
+        seq.finish_reason = "abort"
+        self.scheduler.finish(seq)
 
     def _append_token(self, seq: Sequence, result: SampleResult, now: float) -> None:
         params = seq.request.params
@@ -298,6 +321,7 @@ class LLMEngine:
                     logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
                     stop_reason=seq.stop_reason,
                     cumulative_logprob=seq.cumulative_logprob,
+                    error=seq.error,
                 )
             )
         return RequestOutput(

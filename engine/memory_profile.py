@@ -39,7 +39,7 @@ def _cuda_kv_budget(config: EngineConfig, model: LlamaModel) -> int:
     """gpu_memory_utilization x total, minus the peak of a real full-size step and the weights."""
     device = config.torch_device
     mc = model.cfg
-    num_tokens = min(config.batched_tokens_limit, model.rope.cos.shape[0])
+    num_tokens = min(config.batched_tokens_limit, model.rope.max_position)
     bs = config.block_size
     num_blocks = -(-num_tokens // bs)
     torch.cuda.synchronize(device)

@@ -27,6 +27,7 @@ class CompletionOutput:
     logprobs: list[dict[int, float]] | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     cumulative_logprob: float | None = None
+    error: str | None = None  # why it was aborted when the engine failed it (finish "abort")
 
     def finished(self) -> bool:
         return self.finish_reason is not None

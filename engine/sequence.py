@@ -38,6 +38,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    error: str | None = None  # set when the engine failed this sequence (finish "abort")
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
     # Where the output text ends when a stop string cut it (the stop string is excluded).

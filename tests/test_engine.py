@@ -206,3 +206,42 @@ def test_transformers_does_not_mistake_our_kernels_package():
 
     assert kernels.__file__.endswith("kernels/__init__.py")
     assert import_utils.is_kernels_available() is False
+
+
+def test_a_request_whose_sampling_fails_fails_alone(default_model, monkeypatch):
+    """One request's sampler exception aborts that request only; its blocks are freed and the
+    other requests, and every later step, go on."""
+    from engine.model import sampler as sampler_module
+
+    llm = LLM(model=default_model, device="cpu", dtype="float32", num_kv_blocks=64)
+    engine = llm.engine
+    real = sampler_module._results
+
+    def poisoned(logits, tokens, rows):
+        if any(r.params.seed == 666 for r in rows):
+            raise RuntimeError("boom")
+        return real(logits, tokens, rows)
+
+    monkeypatch.setattr(sampler_module, "_results", poisoned)
+    engine.add_request("bad", "Tell me a story", SamplingParams(max_tokens=8, seed=666))
+    good_params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    engine.add_request("good", "Tell me a story", good_params)
+    finals = {}
+    for _ in range(50):
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+        if not engine.has_unfinished_requests():
+            break
+    bad, good = finals["bad"].outputs[0], finals["good"].outputs[0]
+    assert bad.finish_reason == "abort" and bad.error == "RuntimeError: boom"
+    assert good.finish_reason == "length" and len(good.token_ids) == 8 and good.error is None
+    assert llm.stats()["kv_blocks_used"] == 0
+    assert llm.generate(["Hi"], SamplingParams(max_tokens=3))[0].outputs[0].token_ids
+
+
+def test_a_vanishing_top_p_keeps_the_top_token(default_model):
+    llm = LLM(model=default_model, device="cpu", dtype="float32", num_kv_blocks=64)
+    greedy = llm.generate(["The sky is"], SamplingParams(max_tokens=4, temperature=0))
+    tiny = llm.generate(["The sky is"], SamplingParams(max_tokens=4, top_p=1e-300, seed=1))
+    assert tiny[0].outputs[0].token_ids == greedy[0].outputs[0].token_ids

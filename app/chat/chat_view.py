@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication, QKeyEvent
+from PySide6.QtCore import Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QKeyEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QPlainTextEdit,
     QPushButton,
     QScrollArea,
@@ -24,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat.markdown import render_markdown
+from app.chat.markdown import SafeDocument, render_markdown
 from app.chat.sampling_panel import SamplingPanel
 from app.chat.store import Conversation, Message
 
@@ -49,12 +50,38 @@ def format_metrics(metrics: dict) -> str:
     return " · ".join(parts)
 
 
+LINK_SCHEMES = ("http", "https")
+
+
+def open_link(url: QUrl) -> bool:
+    """Open an http(s) link in the browser once the user agrees; anything else is refused.
+    Returns whether it was opened."""
+    scheme = url.scheme().lower()
+    shown = url.toString()
+    if scheme not in LINK_SCHEMES:
+        QMessageBox.information(
+            None,
+            "Link not opened",
+            f"KVScope opens only http and https links from chats.\n\n{shown}",
+        )
+        return False
+    answer = QMessageBox.question(None, "Open link?", f"Open this link in your browser?\n\n{shown}")
+    if answer != QMessageBox.StandardButton.Yes:
+        return False
+    return QDesktopServices.openUrl(url)
+
+
 class MarkdownView(QTextBrowser):
     """A read-only markdown block as tall as its text: the scroll area around it scrolls."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.setOpenExternalLinks(True)
+        # A click never navigates the bubble (a file:// link would replace it with the file) and
+        # never goes straight to the OS: `open_link` asks first, and only for http(s).
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.anchorClicked.connect(open_link)
+        self.setDocument(SafeDocument(self))
         self.setFrameShape(QFrame.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
@@ -70,6 +97,10 @@ class MarkdownView(QTextBrowser):
 
     def markdown(self) -> str:
         return self._markdown
+
+    def loadResource(self, kind: int, url: QUrl):  # noqa: N802 (Qt's name)
+        """Chat content loads nothing: no file, no network, whatever the markdown says."""
+        return None
 
     def _fit(self, size) -> None:
         self.setFixedHeight(math.ceil(size.height()) + 2 * self.frameWidth())

@@ -59,7 +59,7 @@ def calibrate_kv_scales(model: LlamaModel, kv_cache: KVCache, token_ids: list[in
     if kv_cache.scales is None:
         raise ValueError(f"KV scales apply to an fp8 pool, this one is {kv_cache.dtype}")
     cfg, device = model.cfg, model.device
-    token_ids = token_ids[: model.rope.cos.shape[0]]
+    token_ids = token_ids[: model.rope.max_position]
     n = len(token_ids)
     if n == 0:
         raise ValueError("calibration needs at least one token")

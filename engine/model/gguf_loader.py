@@ -15,9 +15,11 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from transformers import AutoTokenizer
 
+from engine.model.config_limits import check_layer_count, check_sizes
 from engine.model.gguf_file import GGUFFile, GGUFTensor, read_gguf
 from engine.model.loader import LoadedModel, check_weights, turn_end_token_ids
 from engine.model.model_config import ModelConfig
+from engine.model.remote_code import refuse_remote_code
 from engine.model.tokenizer_cache import cached_tokenizer
 from engine.model.weight_source import Weight, finish, read_exact
 from engine.quant.gguf_blocks import (
@@ -67,8 +69,8 @@ def load_gguf(path: Path) -> LoadedModel:
     metadata = gguf_file.metadata
     arch = _architecture(metadata, path)
     _check_tensor_types(gguf_file)
+    config = gguf_config(gguf_file)  # sizes checked here, before anything is sized by them
     row_orders = _rope_row_orders(gguf_file, arch) if arch in PERMUTED_QK_ARCHITECTURES else {}
-    config = gguf_config(gguf_file)
     source = GGUFSource(gguf_file, row_orders)
     check_weights(config, source.shapes(), str(path))
     tokenizer = _tokenizer(metadata, path)
@@ -255,8 +257,25 @@ def _config(
     tokens = metadata.get("tokenizer.ggml.tokens")
     if tokens is None:
         raise ValueError(f"{path}: GGUF file has no tokenizer (tokenizer.ggml.tokens)")
-    hidden, heads = int(meta("embedding_length")), int(meta("attention.head_count"))
-    head_dim = int(meta("attention.key_length", hidden // heads))
+    hidden, heads = meta("embedding_length"), meta("attention.head_count")
+    check_sizes(
+        str(path),
+        hidden=(f"{arch}.embedding_length", hidden),
+        heads=(f"{arch}.attention.head_count", heads),
+        kv_heads=(f"{arch}.attention.head_count_kv", meta("attention.head_count_kv", heads)),
+        layers=(f"{arch}.block_count", meta("block_count")),
+        intermediate=(f"{arch}.feed_forward_length", meta("feed_forward_length")),
+        context=(f"{arch}.context_length", meta("context_length")),
+        vocab=("tokenizer.ggml.tokens", len(tokens)),
+    )
+    head_dim = meta("attention.key_length", hidden // heads)
+    check_sizes(str(path), head_dim=(f"{arch}.attention.key_length", head_dim))
+    layers = {
+        int(n.split(".")[1])
+        for n in names
+        if n.startswith("blk.") and n.count(".") >= 2 and n.split(".")[1].isdigit()
+    }
+    check_layer_count(str(path), f"{arch}.block_count", meta("block_count"), layers)
     if int(meta("rope.dimension_count", head_dim)) != head_dim:
         raise ValueError(f"{path}: partial rotary embeddings are not supported")
     rope_theta = float(meta("rope.freq_base", 10000.0))
@@ -363,7 +382,10 @@ def _llama3_rope_divisors(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:
 def _tokenizer(metadata: dict[str, Any], path: Path):
     def convert():
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            # Never a model's own code: a folder can carry an auto_map and a .py beside the file.
+            tokenizer = AutoTokenizer.from_pretrained(
+                str(path.parent), gguf_file=path.name, trust_remote_code=False
+            )
         except MemoryError as e:  # not the file's fault: say so, not "cannot build a tokenizer"
             raise ModelTooLargeError(
                 f"{path}: ran out of host memory while converting its tokenizer "
@@ -371,6 +393,7 @@ def _tokenizer(metadata: dict[str, Any], path: Path):
                 "programs and try again"
             ) from e
         except Exception as e:  # transformers raises many types for a tokenizer it cannot convert
+            refuse_remote_code(e, path.parent)
             raise ValueError(f"{path}: cannot build a tokenizer from the GGUF metadata: {e}") from e
         # Older transformers versions drop the template when converting a GGUF tokenizer.
         if tokenizer.chat_template is None:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from engine.model.config_limits import check_layer_count, check_sizes
 from engine.model.loader import LoadedModel, check_weights, turn_end_token_ids
 from engine.model.model_config import ModelConfig
+from engine.model.remote_code import refuse_remote_code
 from engine.model.weight_source import SafetensorsSource
 from engine.weight_plan import ModelTooLargeError
 
@@ -34,6 +36,12 @@ def load_hf_folder(path: Path) -> LoadedModel:
     # Rotary tables are recomputed from the config; a tied head is the embedding itself.
     skip = ["lm_head.weight"] if config.tie_word_embeddings else []
     weights = SafetensorsSource(_weight_files(path), skip=skip)
+    layers = {
+        int(n.split(".")[2])
+        for n in weights.shapes()
+        if n.startswith("model.layers.") and n.split(".")[2].isdigit()
+    }
+    check_layer_count(str(path), "num_hidden_layers", config.num_layers, layers)
     check_weights(config, weights.shapes(), str(path))
     return LoadedModel(config, weights, tokenizer, source=str(path), kind="hf")
 
@@ -72,6 +80,18 @@ def _architecture(hf: dict, path: Path) -> str:
 
 def _config(hf: dict, arch: str, eos_token_ids: tuple[int, ...], path: Path) -> ModelConfig:
     heads = hf["num_attention_heads"]
+    source = str(path / "config.json")
+    check_sizes(
+        source,
+        hidden=("hidden_size", hf["hidden_size"]),
+        heads=("num_attention_heads", heads),
+        kv_heads=("num_key_value_heads", hf.get("num_key_value_heads") or heads),
+        layers=("num_hidden_layers", hf["num_hidden_layers"]),
+        intermediate=("intermediate_size", hf["intermediate_size"]),
+        context=("max_position_embeddings", hf["max_position_embeddings"]),
+        vocab=("vocab_size", hf["vocab_size"]),
+    )
+    check_sizes(source, head_dim=("head_dim", hf.get("head_dim") or hf["hidden_size"] // heads))
     rope_theta, rope_scaling = _rope(hf)
     return ModelConfig(
         architecture=arch,
@@ -139,11 +159,13 @@ def _weight_files(path: Path) -> list[Path]:
 
 def _tokenizer(path: Path):
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        # A folder's auto_map may name Python files of its own: refused, never a prompt.
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except MemoryError as e:  # not the files' fault: say so, not "cannot load the tokenizer"
         raise ModelTooLargeError(
             f"{path}: ran out of host memory while loading its tokenizer; close other programs "
             "and try again"
         ) from e
     except Exception as e:  # transformers raises many types for missing/odd tokenizer files
+        refuse_remote_code(e, path)
         raise ValueError(f"{path}: cannot load the tokenizer: {e}") from e

@@ -39,16 +39,17 @@ class RotaryEmbedding:
         scaling: dict | None,
         device: torch.device,
     ) -> None:
-        inv_freq = _inv_freq(head_dim, theta, scaling)
-        positions = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(device)
-        self.sin = emb.sin().to(device)
+        # Computed per step for the positions in it, not tabled for every position the model
+        # allows: the same float32 products as a table (bit for bit), without a table as big as a
+        # declared context (a 1M-token context tabled would take 1 GiB at head_dim 128).
+        self.inv_freq = _inv_freq(head_dim, theta, scaling).to(device)
+        self.max_position = max_position
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for each token, [T, 1, D], ready to broadcast over heads."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().unsqueeze(1), emb.sin().unsqueeze(1)
 
 
 def apply_rotary(

@@ -162,7 +162,8 @@ def _top_k_top_p_cutoff(scores: torch.Tensor, top_k: list[int], top_p: list[floa
             norm = torch.where(k_in_view, norm, full_lse[pending])
         probs = (vals_k - norm.unsqueeze(1)).exp()
         mass_before = probs.cumsum(-1) - probs
-        keep = ((mass_before < p.unsqueeze(1)) & in_k).sum(-1)
+        # At least the top token: a top_p that underflows float32 (1e-300) would keep none.
+        keep = ((mass_before < p.unsqueeze(1)) & in_k).sum(-1).clamp_(min=1)
         # Keeping fewer than `width` means the nucleus closed inside the candidates we saw.
         done = k_in_view | ((k == vocab) & (keep < width))
         last = (keep[done] - 1).unsqueeze(1)

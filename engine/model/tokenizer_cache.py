@@ -65,7 +65,7 @@ def _load(entry: Path) -> PreTrainedTokenizerBase:
     missing = [name for name in files if not (entry / name).is_file()]
     if missing:
         raise FileNotFoundError(f"missing {missing}")
-    return AutoTokenizer.from_pretrained(str(entry))
+    return AutoTokenizer.from_pretrained(str(entry), trust_remote_code=False)
 
 
 def _store(tokenizer: PreTrainedTokenizerBase, entry: Path) -> None:
