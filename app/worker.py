@@ -290,6 +290,9 @@ class EngineWorker(QObject):
         except ValueError as e:
             self.request_failed.emit(request_id, str(e))
             return
+        except Exception as e:  # anything else still ends the reply: never stuck "generating"
+            self.request_failed.emit(request_id, f"could not start this reply: {_describe(e)}")
+            return
         self._requests[request_id] = dropped
         self._dirty = True
         self._wake()

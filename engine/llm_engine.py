@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import torch
+from jinja2.exceptions import TemplateError
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -103,10 +104,19 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate (e.g. from undecodable argv)
+                raise ValueError(f"prompt is not valid text: {e}") from e
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise ValueError("prompt is bytes: pass text (str) or a list of token ids")
         ids = list(prompt)
         vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        # bool is an int subclass: True would silently become token 1.
+        bad = [
+            t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab
+        ]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         return None, ids
@@ -117,9 +127,12 @@ class LLMEngine:
         for m in messages:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"chat message {m!r} needs 'role' and 'content'")
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except TemplateError as e:  # the model's own rules, e.g. "roles must alternate"
+            raise ValueError(f"the model's chat template refused these messages: {e}") from e
 
     def add_request(
         self,

@@ -347,3 +347,20 @@ def test_closing_mid_reply_keeps_it_stopped_and_deleting_a_chat_stops_it(
     assert reply.status == "stopped" and reply.content.startswith(partial)
     assert store.messages(gone) == []
     store.close()
+
+
+def test_a_chat_template_that_refuses_the_messages_fails_the_reply(make_window, qtbot):
+    window = make_window(max_tokens=4)
+    tokenizer = window.client.worker.llm.engine.tokenizer
+    original = tokenizer.chat_template
+    # Mistral's templates refuse two user turns in a row this way.
+    tokenizer.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
+    try:
+        with qtbot.waitSignal(window.reply_failed, timeout=TIMEOUT_MS) as failed:
+            cid = window.send_message("Hello?")
+    finally:
+        tokenizer.chat_template = original
+    assert "chat template refused" in failed.args[1] and "must alternate" in failed.args[1]
+    assert cid not in window.pending  # not stuck "generating": the user can edit and resend
+    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
+        window.send_message("Hello again")

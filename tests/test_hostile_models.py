@@ -104,3 +104,59 @@ def test_absurd_header_values_are_refused_before_allocating(tmp_path, key, value
         load_model(path)
     with pytest.raises(ValueError, match=match):
         plan_kv(path, context=64)
+
+
+@pytest.mark.parametrize("entry", ["../outside.safetensors", "/etc/passwd", "sub/../../x"])
+def test_a_sharded_index_cannot_point_outside_the_folder(tmp_path, default_model, entry):
+    folder = make_tiny_model(
+        "llama", tmp_path / "m", max_shard_size="1MB", tokenizer=default_model.tokenizer
+    )
+    index = folder / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    first = next(iter(data["weight_map"]))
+    data["weight_map"][first] = entry
+    index.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="is not a file in"):
+        load_model(folder)
+
+
+def test_a_fifo_among_the_weights_is_refused_not_waited_on(tmp_path, default_model):
+    import os
+
+    folder = make_tiny_model(
+        "llama", tmp_path / "m", max_shard_size="1MB", tokenizer=default_model.tokenizer
+    )
+    index = folder / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    first = next(iter(data["weight_map"]))
+    data["weight_map"][first] = "pipe.safetensors"
+    index.write_text(json.dumps(data))
+    os.mkfifo(folder / "pipe.safetensors")
+    with pytest.raises(ValueError, match="not a regular file"):
+        load_model(folder)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "match"),
+    [
+        (b"hello", "prompt is bytes"),
+        ([1, True, 2], "outside the vocabulary"),
+        ("caf\udce9", "not valid text"),
+    ],
+)
+def test_odd_prompts_get_a_clear_error_and_the_engine_goes_on(default_llm, prompt, match):
+    from engine import SamplingParams
+
+    with pytest.raises(ValueError, match=match):
+        default_llm.generate(prompt, SamplingParams(max_tokens=2))
+    assert default_llm.generate("Hi", SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+
+
+def test_a_crafted_recording_cannot_ask_for_a_huge_pool(tmp_path):
+    from engine.kv.replay import replay_events
+
+    path = tmp_path / "session.jsonl"
+    header = {"kvscope_events": 1, "num_blocks": 10**12, "block_size": 16, "allocator": "paged"}
+    path.write_text(json.dumps(header) + "\n")
+    with pytest.raises(ValueError, match="num_blocks"):
+        next(replay_events(path))

@@ -139,3 +139,26 @@ def test_gguf_load_uses_the_cache(tiny):
     first = load_model(path).tokenizer
     assert (cache_root() / cache_key(path) / "tokenizer.json").is_file()
     assert_same_tokenizer(first, load_model(path).tokenizer)
+
+
+def test_a_full_disk_does_not_fail_the_load(tiny, monkeypatch, caplog):
+    """tokenizers reports ENOSPC as a plain Exception from save_pretrained: the model still
+    loads, uncached, with a warning."""
+    path, convert = tiny
+    real = convert.make
+
+    def converted_on_a_full_disk():
+        tokenizer = real()
+
+        def no_space(*args, **kwargs):
+            raise Exception("No space left on device (os error 28)")
+
+        monkeypatch.setattr(tokenizer, "save_pretrained", no_space)
+        return tokenizer
+
+    convert.make = converted_on_a_full_disk
+    with caplog.at_level(logging.WARNING):
+        tokenizer = cached_tokenizer(path, convert)
+    assert tokenizer("hi").input_ids
+    assert "No space left on device" in caplog.text
+    assert not (cache_root() / cache_key(path)).exists()

@@ -149,11 +149,22 @@ def _eos_ids(hf: dict, path: Path, tokenizer) -> tuple[int, ...]:
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted({path / f for f in _read_json(index)["weight_map"].values()})
+        names = set(_read_json(index).get("weight_map", {}).values())
+        for name in names:
+            # The index is data: its entries name files in this folder, nothing else (an entry
+            # like ../../etc/passwd or an absolute path is refused, never opened).
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                raise ValueError(f"{index}: weight file {name!r} is not a file in {path}")
+        files = sorted(path / f for f in names)
     else:
         files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path} has no *.safetensors weights")
+    for file in files:
+        # Only regular files (a symlink to one, as the HF cache makes, is fine): a FIFO would
+        # block the load forever.
+        if not file.is_file():
+            raise ValueError(f"{file} is not a regular file")
     return files
 
 

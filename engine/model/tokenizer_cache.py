@@ -80,7 +80,8 @@ def _store(tokenizer: PreTrainedTokenizerBase, entry: Path) -> None:
             os.replace(staging, entry)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # only still there if the rename failed
-    except OSError as e:
+    except Exception as e:  # the cache is a convenience: a full disk must not fail the load
+        # (tokenizers' Rust side reports "No space left on device" as a plain Exception).
         # Another process may have stored the same entry first; that one is as good as ours.
         if not (entry / MANIFEST).is_file():
             logger.warning("cannot cache the tokenizer in %s: %s", entry, e)
