@@ -10,6 +10,7 @@ part before the slash.
 from __future__ import annotations
 
 import itertools
+import sqlite3
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -30,7 +31,8 @@ from PySide6.QtWidgets import (
 from app.blockmap import BlockMapPanel
 from app.chat.chat_view import ChatView
 from app.chat.conversation_list import ConversationList
-from app.chat.store import ChatStore, default_store_path
+from app.chat.recovery import open_chat_store
+from app.chat.store import default_store_path
 from app.loadgen_panel import LoadGeneratorPanel
 from app.model_picker import format_count
 from app.paths import ASSETS_DIR
@@ -96,7 +98,7 @@ class MainWindow(QMainWindow):
             except ValueError as e:
                 settings, settings_problem = AppSettings(), str(e)
         self.settings = settings
-        self.store = ChatStore(store_path or default_store_path())
+        self.store, store_problem = open_chat_store(store_path or default_store_path())
         self.engine_info: EngineInfo | None = None
         self.last_telemetry: Telemetry | None = None
         self.current_id: int | None = None
@@ -176,6 +178,8 @@ class MainWindow(QMainWindow):
         self._refresh_group_labels()
         if settings_problem:
             self.show_error("Settings were reset", settings_problem)
+        if store_problem:
+            self.show_error("The chats database was damaged", store_problem)
 
     # ---- layout ---------------------------------------------------------------------------
     def _build_menu(self) -> None:
@@ -284,10 +288,21 @@ class MainWindow(QMainWindow):
         return cid
 
     def _send_requested(self, text: str, editing: int) -> None:
-        if editing >= 0:
-            self.edit_and_resend(editing, text)
-        else:
-            self.send_message(text)
+        try:
+            if editing >= 0:
+                self.edit_and_resend(editing, text)
+            else:
+                self.send_message(text)
+        except (sqlite3.Error, OSError) as e:  # a full or read-only disk: nothing is lost
+            self.show_error(
+                "The message could not be saved",
+                f"{e}\n\nNothing was sent; your text is still in the message box.",
+            )
+            return
+        except ValueError as e:  # e.g. still generating
+            self.show_error("The message was not sent", str(e))
+            return
+        self.chat.message_sent()
 
     def edit_and_resend(self, message_id: int, text: str) -> None:
         """Replace a user message's text, drop everything after it, and reply anew."""
@@ -357,15 +372,26 @@ class MainWindow(QMainWindow):
         stopped = update is None or "abort" in update.finish_reasons
         status = "stopped" if stopped else "complete"
         texts = pending.texts or [""]
-        message = self.store.add_message(
-            pending.conversation_id,
-            "assistant",
-            texts[pending.selected],
-            status=status,
-            alternatives=texts if len(texts) > 1 else None,
-            selected=pending.selected,
-            metrics=update.metrics() if update else None,
-        )
+        try:
+            message = self.store.add_message(
+                pending.conversation_id,
+                "assistant",
+                texts[pending.selected],
+                status=status,
+                alternatives=texts if len(texts) > 1 else None,
+                selected=pending.selected,
+                metrics=update.metrics() if update else None,
+            )
+        except (sqlite3.Error, OSError) as e:
+            # Not stored, so not shown as stored: the chat leaves "generating" (Stop and Send
+            # work again) and the text is handed to the user in the error.
+            self._forget(pending)
+            self.show_error(
+                "The reply could not be saved",
+                f"{e}\n\nThe reply was:\n\n{texts[pending.selected]}",
+            )
+            self.reply_failed.emit(pending.conversation_id, str(e))
+            return
         if pending.conversation_id == self.current_id:
             self.chat.finish_pending(message)
         self._forget(pending, redraw=False)

@@ -364,3 +364,46 @@ def test_a_chat_template_that_refuses_the_messages_fails_the_reply(make_window, 
     assert cid not in window.pending  # not stuck "generating": the user can edit and resend
     with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
         window.send_message("Hello again")
+
+
+def test_a_message_the_disk_cannot_take_stays_in_the_composer(make_window, qtbot, monkeypatch):
+    import sqlite3
+
+    window = make_window(max_tokens=4)
+    real = window.store.add_message
+
+    def full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(window.store, "add_message", full)
+    window.chat.composer.setPlainText("Please remember this.")
+    with qtbot.waitSignal(window.error_shown, timeout=TIMEOUT_MS) as shown:
+        window.chat._submit()
+    assert "disk is full" in shown.args[0]
+    assert window.chat.composer.toPlainText() == "Please remember this."  # not lost
+    assert not window.pending
+    monkeypatch.setattr(window.store, "add_message", real)
+    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
+        window.chat._submit()  # the disk has room again: the same text goes out
+    assert window.chat.composer.toPlainText() == ""
+
+
+def test_a_reply_the_disk_cannot_take_does_not_hang_the_chat(make_window, qtbot, monkeypatch):
+    import sqlite3
+
+    window = make_window(max_tokens=4)
+    real = window.store.add_message
+
+    def full_for_replies(cid, role, *args, **kwargs):
+        if role == "assistant":
+            raise sqlite3.OperationalError("database or disk is full")
+        return real(cid, role, *args, **kwargs)
+
+    monkeypatch.setattr(window.store, "add_message", full_for_replies)
+    with qtbot.waitSignal(window.reply_failed, timeout=TIMEOUT_MS) as failed:
+        cid = window.send_message("Count to three.")
+    assert "disk is full" in failed.args[1] and "The reply was:" in window.last_error
+    assert cid not in window.pending and not window.chat._generating
+    monkeypatch.setattr(window.store, "add_message", real)
+    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
+        window.regenerate(cid)

@@ -428,11 +428,15 @@ class ChatView(QWidget):
         text = self.composer.toPlainText().strip()
         if not text or self._generating:
             return
-        editing = self._editing
+        # The text stays in the composer until the window has stored it (`message_sent`): a
+        # message the disk could not take is never lost.
+        self.send_requested.emit(text, self._editing)
+
+    def message_sent(self) -> None:
+        """The submitted message is stored: clear the composer and any edit in progress."""
         self.composer.clear()
         self._editing = -1
         self.edit_banner.setVisible(False)
-        self.send_requested.emit(text, editing)
 
     def _flush_system_prompt(self) -> None:
         if self._conversation_id >= 0:

@@ -1,0 +1,52 @@
+"""A damaged chats database: moved aside (never deleted), salvaged row by row, the app starts."""
+
+from app.chat.recovery import open_chat_store, salvage
+from app.chat.store import ChatStore
+
+
+def _filled(path):
+    store = ChatStore(path)
+    cid = store.create_conversation("Tea", "Be brief.").id
+    store.add_message(cid, "user", "Tell me about tea.")
+    store.add_message(cid, "assistant", "It is a drink.")
+    other = store.create_conversation("Rivers").id
+    store.add_message(other, "user", "Name a river.")
+    store.close()
+    return path
+
+
+def test_a_file_that_is_not_a_database_is_moved_aside(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    path.write_bytes(b"this is not SQLite at all" * 100)
+    store, problem = open_chat_store(path)
+    damaged = list(tmp_path.glob("chats.sqlite3.damaged-*"))
+    assert len(damaged) == 1 and damaged[0].read_bytes().startswith(b"this is not SQLite")
+    assert "could not be read" in problem and str(damaged[0]) in problem
+    assert store.conversations() == []  # a fresh, working database
+    conversation = store.create_conversation("New")
+    assert store.conversation(conversation.id).title == "New"
+
+
+def test_readable_rows_are_salvaged(tmp_path):
+    old = _filled(tmp_path / "old.sqlite3")
+    store = ChatStore(tmp_path / "new.sqlite3")
+    counts = salvage(old, store)
+    assert counts == {"conversations": 2, "messages": 3}
+    titles = sorted(c.title for c in store.conversations())
+    assert titles == ["Rivers", "Tea"]
+    tea = next(c for c in store.conversations() if c.title == "Tea")
+    assert [m.content for m in store.messages(tea.id)] == ["Tell me about tea.", "It is a drink."]
+
+
+def test_a_healthy_database_opens_untouched(tmp_path):
+    path = _filled(tmp_path / "chats.sqlite3")
+    store, problem = open_chat_store(path)
+    assert problem is None and len(store.conversations()) == 2
+    assert not list(tmp_path.glob("*.damaged-*"))
+
+
+def test_the_window_starts_on_a_damaged_database(make_window, tmp_path, qtbot):
+    (tmp_path / "chats.sqlite3").write_bytes(b"\x00garbage" * 512)
+    window = make_window()
+    assert "chats database could not be read" in window.last_error
+    assert list(tmp_path.glob("chats.sqlite3.damaged-*"))
