@@ -50,3 +50,13 @@ def test_the_window_starts_on_a_damaged_database(make_window, tmp_path, qtbot):
     window = make_window()
     assert "chats database could not be read" in window.last_error
     assert list(tmp_path.glob("chats.sqlite3.damaged-*"))
+
+
+def test_an_unusable_data_dir_keeps_chats_in_memory(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the data dir should be")
+    store, problem = open_chat_store(blocker / "chats.sqlite3")
+    assert "will not be saved" in problem
+    conversation = store.create_conversation("Still works")
+    assert store.conversation(conversation.id).title == "Still works"
+    assert blocker.read_text() == "a file where the data dir should be"

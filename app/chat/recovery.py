@@ -29,7 +29,14 @@ def open_chat_store(path: Path) -> tuple[ChatStore, str | None]:
             return store, None
         store.close()
         reason = f"integrity check: {verdict}"
-    except sqlite3.DatabaseError as e:
+    except (sqlite3.DatabaseError, OSError) as e:
+        if not _damaged(e) or not path.is_file():
+            # Not the file's content but the place (a read-only or missing data dir): chats live
+            # in memory for this session, and the user is told they will not be kept.
+            return ChatStore(":memory:"), (
+                f"The chats database {path} cannot be opened ({e}). Chats in this session "
+                "will not be saved; set KVSCOPE_DATA_DIR to a writable folder to keep them."
+            )
         reason = str(e)
     aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
     path.replace(aside)
@@ -43,6 +50,14 @@ def open_chat_store(path: Path) -> tuple[ChatStore, str | None]:
     return store, (
         f"The chats database could not be read ({reason}). It was moved to {aside} and a new "
         f"one started; recovered from the old file: {saved or 'nothing'}."
+    )
+
+
+def _damaged(error: Exception) -> bool:
+    """SQLite's words for a file whose content is broken (not for one it cannot open)."""
+    text = str(error).lower()
+    return isinstance(error, sqlite3.DatabaseError) and (
+        "not a database" in text or "malformed" in text or "corrupt" in text
     )
 
 
