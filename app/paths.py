@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import platformdirs
@@ -10,11 +11,27 @@ import platformdirs
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 
 
+# Set when the data folder cannot be used and a temporary one stands in; the window says so.
+data_dir_problem: str | None = None
+_stand_in: Path | None = None
+
+
 def data_dir() -> Path:
+    global data_dir_problem, _stand_in
     override = os.environ.get("KVSCOPE_DATA_DIR")
     path = Path(override) if override else Path(platformdirs.user_data_dir("KVScope", "KVScope"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    except OSError as e:  # read-only, a file in the way, a full disk: run anyway, say so
+        if _stand_in is None:
+            _stand_in = Path(tempfile.mkdtemp(prefix="kvscope-session-"))
+            data_dir_problem = (
+                f"The data folder {path} cannot be used ({e}). This session keeps its chats "
+                f"and settings in the temporary folder {_stand_in}; set KVSCOPE_DATA_DIR to a "
+                "writable folder to keep them."
+            )
+        return _stand_in
 
 
 def cache_dir() -> Path:

@@ -179,7 +179,11 @@ class MainWindow(QMainWindow):
         if settings_problem:
             self.show_error("Settings were reset", settings_problem)
         if store_problem:
-            self.show_error("The chats database was damaged", store_problem)
+            self.show_error("The chats database could not be used as it was", store_problem)
+        from app import paths
+
+        if paths.data_dir_problem:
+            self.show_error("The data folder cannot be used", paths.data_dir_problem)
 
     # ---- layout ---------------------------------------------------------------------------
     def _build_menu(self) -> None:

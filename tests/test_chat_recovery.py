@@ -60,3 +60,17 @@ def test_an_unusable_data_dir_keeps_chats_in_memory(tmp_path):
     conversation = store.create_conversation("Still works")
     assert store.conversation(conversation.id).title == "Still works"
     assert blocker.read_text() == "a file where the data dir should be"
+
+
+def test_an_unusable_data_dir_falls_back_to_a_temporary_one(tmp_path, monkeypatch):
+    from app import paths
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("KVSCOPE_DATA_DIR", str(blocker / "data"))
+    monkeypatch.setattr(paths, "_stand_in", None)
+    monkeypatch.setattr(paths, "data_dir_problem", None)
+    folder = paths.data_dir()
+    assert folder.is_dir() and folder != blocker / "data"
+    assert paths.data_dir() == folder  # one stand-in per session
+    assert "cannot be used" in paths.data_dir_problem and str(folder) in paths.data_dir_problem
