@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from engine.quant.rtn import GROUP_SIZE, quantize_rtn
-from kernels.quant_format import QuantizedTensor
+from kernels.quant_format import DEQUANT_CHUNK_ELEMENTS, QuantizedTensor
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 RTN_GROUP_SIZES = (GROUP_SIZE, 64, 32)  # 128 where in_features allow it, smaller for tiny models
@@ -48,12 +48,23 @@ class WeightSource(Protocol):
 def finish(w: Weight, name: str, quantization: str, dtype: torch.dtype) -> Weight:
     """Apply a quantization mode to one freshly read tensor (float or QuantizedTensor)."""
     if isinstance(w, QuantizedTensor):
-        return w.dequantize(dtype) if quantization == "none" else w
+        return _dequantized(w, dtype) if quantization == "none" else w
     if quantization in ("int8", "int4") and w.dim() == 2 and _quantizable(name):
         group = next((g for g in RTN_GROUP_SIZES if w.shape[1] % g == 0), None)
         if group is not None:
             return quantize_rtn(w, 8 if quantization == "int8" else 4, group)
     return w.to(dtype)
+
+
+def _dequantized(w: QuantizedTensor, dtype: torch.dtype) -> torch.Tensor:
+    """W in `dtype`, a few rows at a time: no float32 copy of a whole (vocab-sized) matrix."""
+    n, k = w.shape
+    out = torch.empty((n, k), dtype=dtype)
+    step = max(1, DEQUANT_CHUNK_ELEMENTS // k)
+    for start in range(0, n, step):
+        rows = slice(start, min(n, start + step))
+        out[rows] = w.dequantize(dtype, rows)
+    return out
 
 
 def _quantizable(name: str) -> bool:
