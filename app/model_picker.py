@@ -111,7 +111,7 @@ class ModelPicker(QGroupBox):
         else:
             try:
                 self._config = planner.model_config(self.model_path())
-                self._header = planner._weights_header(self.model_path())
+                self._header = planner.weights_header(self.model_path())
             except Exception as e:  # any unreadable file: say why, keep the dialog usable
                 self.info.setText("")
                 self.error.setText(f"Cannot read this model: {type(e).__name__}: {e}")

@@ -16,7 +16,7 @@ import torch
 from engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
 from engine.device_memory import system_memory
 from engine.host_memory import lean_allocations
-from engine.kv.kv_cache import KVCache
+from engine.memory_profile import bytes_per_block
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel
 from engine.weight_plan import (
@@ -42,12 +42,8 @@ def weight_plan_for(config: EngineConfig, loaded: LoadedModel) -> WeightPlan:
 
 def kv_pool_bytes(config: EngineConfig, loaded: LoadedModel) -> int:
     """The KV pool the engine will allocate, where it is known before the model is built."""
-    mc = loaded.config
     if config.num_kv_blocks is not None:
-        per_block = KVCache.bytes_per_block(
-            mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.kv_torch_dtype
-        )
-        return config.num_kv_blocks * per_block
+        return config.num_kv_blocks * bytes_per_block(config, loaded.config)
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory
     return DEFAULT_CPU_KV_MEMORY if config.torch_device.type == "cpu" else 0

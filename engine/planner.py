@@ -312,7 +312,7 @@ def plan_kv(
     elif mc is not None:
         w_dtype = dtype_name(weights_dtype or ("fp16" if kv_dtype == "fp8" else kv_dtype))
         weights, source = estimate_weight_bytes(mc, w_dtype), "estimated"
-        header = _weights_header(model)
+        header = weights_header(model)
         if header is not None:
             from engine.weight_plan import plan_weights
 
@@ -384,7 +384,7 @@ def _torch_dtype(name: str):
     return getattr(torch, name)
 
 
-def _weights_header(model) -> tuple[dict, dict] | None:
+def weights_header(model) -> tuple[dict, dict] | None:
     """(shapes, kinds) of every weight tensor, from a GGUF header or safetensors headers; None
     for a ModelConfig or a lone config.json. Reads no tensor data."""
     if model is not None and not isinstance(model, (str, os.PathLike)):

@@ -15,14 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
 from matplotlib.figure import Figure
 
 from app.bench.synthetic_gguf import SHAPES, ensure_synthetic_gguf
+from engine.config import EngineConfig
 from engine.model.gguf_file import read_gguf
 from engine.model.gguf_loader import GGUFSource, gguf_config
 from engine.model.loader import load_model
-from engine.weight_plan import RUNTIME_OVERHEAD, plan_weights
+from engine.weight_plan import RUNTIME_OVERHEAD, plan_weights, weights_quantized
 
 KV_BYTES = 256 << 20
 TARGET_FACTOR, TARGET_SLACK = 1.3, 600 * 10**6
@@ -34,14 +34,15 @@ def planned(path: Path, quantization: str) -> dict:
     gguf_file = read_gguf(path)
     source = GGUFSource(gguf_file, {})
     kinds = source.kinds()
-    quantized = quantization != "none"
-    dtype = torch.bfloat16 if quantized else torch.float32  # the CPU's "auto" dtype
+    # The dtype "auto" resolves to on a CPU, exactly as the engine resolves it.
+    config = EngineConfig(device="cpu", quantization=quantization)
+    config.weights_quantized = weights_quantized(kinds, quantization)
     plan = plan_weights(
         source.shapes(),
         kinds,
         quantization,
-        torch.device("cpu"),
-        dtype,
+        config.torch_device,
+        config.torch_dtype,
         gguf_config(gguf_file).tie_word_embeddings,
     )
     return {

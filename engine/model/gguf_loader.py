@@ -28,6 +28,7 @@ from engine.quant.gguf_blocks import (
     Q,
     _halves_or_f32,
     decode_blocks,
+    to_quantized_tensor,
 )
 from engine.weight_plan import ModelTooLargeError
 from kernels.quant_format import QuantizedTensor
@@ -168,22 +169,13 @@ class GGUFSource:
             for key, value in parts.items():
                 if value is not None:
                     value[start:stop] = torch.from_numpy(chunk[key].astype(value.numpy().dtype))
-        d = _halves_or_f32(parts["d"].numpy())
-        dmin = _halves_or_f32(parts["dmin"].numpy())
-        if d.dtype != dmin.dtype:
-            d, dmin = d.astype(np.float32), dmin.astype(np.float32)
-        sub_scale = parts["sub_scale"]
-        shared = sub_scale is not None and parts["sub_min"] is None
-        return QuantizedTensor(
-            shape=(n, k),
-            codes=parts["codes"],
-            d=torch.from_numpy(d),
-            dmin=torch.from_numpy(dmin),
-            sub_scale=sub_scale,
-            sub_min=sub_scale if shared else parts["sub_min"],
-            kind=t.qtype.name,
-            **meta,
-        )
+        # Scales were gathered in float32 across chunks; narrowed once, as one decode would.
+        for key in ("d", "dmin"):
+            parts[key] = _halves_or_f32(parts[key].numpy())
+        for key in ("codes", "sub_scale", "sub_min"):
+            if parts[key] is not None:
+                parts[key] = parts[key].numpy()
+        return to_quantized_tensor({**parts, **meta}, (n, k), t.qtype.name)
 
 
 def _torch_dtype(dt) -> torch.dtype:

@@ -17,8 +17,6 @@ process's resident set after the tensor is converted.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
@@ -143,13 +141,6 @@ class SafetensorsSource:
         return finish(tensor, name, quantization, dtype)
 
 
-def read_json(file: Path) -> dict:
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{file} is not valid JSON: {e}") from e
-
-
 def read_exact(f, offset: int, count: int) -> np.ndarray:
     """`count` bytes of an open binary file at `offset`, as a fresh writable uint8 array."""
     out = np.empty(count, dtype=np.uint8)
@@ -160,7 +151,3 @@ def read_exact(f, offset: int, count: int) -> np.ndarray:
             f"{f.name}: expected {count} bytes at {offset}, the file ended after {got}"
         )
     return out
-
-
-def numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
