@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.planner import format_bytes
-from engine.quant.cpu_layout import INT4_GROUP_SIZES, TILE_N
+from engine.quant.cpu_layout import INT4_GROUP_SIZES, TILE_N, int4_kernel_available
 
 # Per GGUF type: (bits of a code, group, super-group, sub-scales per group: 0, 1 shared, 2)
 PACKED_LAYOUTS = {
@@ -71,8 +71,8 @@ def tensor_bytes(
         return n_el * dtype_bytes
     n, k = shape
     if layout == "cpu-int4":
-        if group not in INT4_GROUP_SIZES:
-            return n_el * 2  # bf16 dense (Q6_K)
+        if group not in INT4_GROUP_SIZES or not int4_kernel_available():
+            return n_el * 2  # bf16 dense (Q6_K, or no int4 kernel on this CPU)
         n_padded = -(-n // TILE_N) * TILE_N
         one = n_padded * (k // 2) + n_padded * (k // group) * 4
         return one * (1 if bits == 4 else 2)

@@ -10,7 +10,12 @@ from tiny_models import QUANT_TYPES, make_quant_gguf, make_tiny_model, random_qu
 import engine.model.gguf_loader as gguf_loader
 from engine import LLM, SamplingParams
 from engine.model.loader import load_model
-from engine.quant.cpu_layout import _pack_codes, cpu_layout
+from engine.quant.cpu_layout import (
+    KERNEL_TILE_WIDTHS,
+    _pack_codes,
+    cpu_layout,
+    kernel_tile_width,
+)
 from engine.quant.gguf_blocks import decode_blocks, to_quantized_tensor
 from engine.quant.rtn import quantize_rtn
 from kernels.quant_format import cat_rows, quantized_matmul_torch
@@ -140,10 +145,33 @@ def test_hf_folder_quantized_at_load(tmp_path, default_model, quantization):
     assert len(b) == 8
 
 
+needs_int4_kernel = pytest.mark.skipif(
+    kernel_tile_width() is None, reason="torch packs int4 in no layout we know on this CPU"
+)
+
+
+@needs_int4_kernel
 def test_cpu_layout_is_torch_int4_pack_layout():
+    # The layout follows the CPU (64-row tiles with AVX-512, 32 with AVX2): whatever this machine
+    # is, the detected width must reproduce torch's own packing of a matrix it did not probe.
     q = torch.randint(0, 16, (128, 96), dtype=torch.uint8)
     assert torch.equal(
         _pack_codes(q), torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1)
+    )
+
+
+@needs_int4_kernel
+def test_a_layout_for_another_tile_width_is_wrong():
+    # Why the width is detected: packed for the other ISA, the same codes are different bytes.
+    q = torch.randint(0, 16, (128, 96), dtype=torch.uint8)
+    other = next(t for t in KERNEL_TILE_WIDTHS if t != kernel_tile_width())
+    assert not torch.equal(_pack_codes(q, other), _pack_codes(q))
+
+
+def _random_weight(qtype: str, n: int, k: int):
+    raw = random_quant_blocks(qtype, n, k, seed=1)
+    return to_quantized_tensor(
+        decode_blocks(raw, gguf.GGMLQuantizationType[qtype], k), (n, k), qtype
     )
 
 
@@ -151,13 +179,22 @@ def test_cpu_layout_is_torch_int4_pack_layout():
 @pytest.mark.parametrize("rows", [1, 5, 400])  # int4 kernel and dequantize-then-GEMM
 def test_cpu_layout_matmul_close_to_reference(qtype, rows):
     n, k = 72, 512  # 72 rows: padded to a 64-row tile
-    raw = random_quant_blocks(qtype, n, k, seed=1)
-    w = to_quantized_tensor(decode_blocks(raw, gguf.GGMLQuantizationType[qtype], k), (n, k), qtype)
+    w = _random_weight(qtype, n, k)
     x = torch.randn(rows, k)
     ref = quantized_matmul_torch(x.double(), w)
     y = cpu_layout(w)(x.bfloat16()).double()
     assert y.shape == (rows, n)
     assert (y - ref).abs().max() < 1e-2 * ref.abs().max()
+
+
+def test_cpu_without_a_known_int4_layout_falls_back_to_bf16_dense(monkeypatch):
+    monkeypatch.setattr("engine.quant.cpu_layout.int4_kernel_available", lambda: False)
+    w = _random_weight("Q4_K", 72, 512)
+    layout = cpu_layout(w)
+    assert layout.dense is not None and not layout.parts
+    x = torch.randn(3, 512)
+    ref = quantized_matmul_torch(x.double(), w)
+    assert (layout(x.bfloat16()).double() - ref).abs().max() < 1e-2 * ref.abs().max()
 
 
 def test_unsupported_tensor_type_is_refused_by_name(tmp_path):

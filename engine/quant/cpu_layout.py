@@ -27,14 +27,19 @@ sizes of 32..256, so:
   group 16 (Q6_K)            bfloat16 dense: no torch kernel takes 16-element groups; costs
                              16 bits per weight instead of 8.6
 
-The codes are laid out as that kernel expects ([N/64, K, 32] bytes, rows r and r + 32 of each
-64-row tile in the low and high nibble; a test checks this against
-`aten._convert_weight_to_int4pack_for_cpu`), built here directly from the packed format without
-an int32 copy of the matrix. Rows are padded to a multiple of 64 with zero weights.
+The codes are laid out as that kernel expects ([N/T, K, T/2] bytes, rows r and r + T/2 of each
+T-row tile in the low and high nibble), built here directly from the packed format without an
+int32 copy of the matrix. T is four of torch's float vectors, so it depends on the CPU torch runs
+on: 64 rows with AVX-512, 32 with AVX2. A layout built for the wrong T multiplies without error
+and returns garbage, so T is found once by asking torch to pack a probe
+(`aten._convert_weight_to_int4pack_for_cpu`) and comparing; where no T matches, every quantized
+matrix falls back to bfloat16 dense. Rows are padded to a multiple of 64 (a multiple of every T)
+with zero weights.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +49,8 @@ import torch.nn.functional as F
 from kernels.quant_format import QuantizedTensor
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
-TILE_N = 64
+TILE_N = 64  # rows are padded to this: a multiple of every kernel tile width below
+KERNEL_TILE_WIDTHS = (64, 32, 16)  # AVX-512, AVX2, a 128-bit vector ISA
 # From this many rows on, dequantize + bfloat16 GEMM beats the int4 kernel (see above; 4096 x
 # 4096, one thread: 0.43 ms per row against ~110 + 5 ms; 11008 x 4096 crosses at the same M).
 DEQUANT_MIN_ROWS = 384
@@ -72,22 +78,43 @@ class Int4Pack:
     def dequantize_t(self) -> torch.Tensor:
         """W.T in bfloat16, [K, N_padded] (contiguous: the fast operand layout for x @ W.T)."""
         np_, half_k = self.packed.shape
-        k, g = half_k * 2, self.group_size
-        v = self.packed.view(np_ // TILE_N, k, TILE_N // 2).permute(1, 0, 2)  # [K, tiles, 32]
-        q = torch.empty((k, np_ // TILE_N, 2, TILE_N // 2), dtype=torch.bfloat16)
-        q[:, :, 0], q[:, :, 1] = v & 0x0F, v >> 4  # rows r and r + 32 of each tile
+        k, g, t = half_k * 2, self.group_size, kernel_tile_width()
+        v = self.packed.view(np_ // t, k, t // 2).permute(1, 0, 2)  # [K, tiles, T/2]
+        q = torch.empty((k, np_ // t, 2, t // 2), dtype=torch.bfloat16)
+        q[:, :, 0], q[:, :, 1] = v & 0x0F, v >> 4  # rows r and r + T/2 of each tile
         q = q.view(k // g, g, np_) - 8
         sz = self.scale_zeros  # [K / g, N, 2]: one multiply-add per element, broadcast over g
         return torch.addcmul(sz[:, None, :, 1], q, sz[:, None, :, 0]).view(k, np_)
 
 
-def _pack_codes(q: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """uint8 codes 0..15 [N_padded, K] -> the kernel's [N_padded, K / 2] bytes."""
+def _pack_codes(q: torch.Tensor | np.ndarray, tile: int | None = None) -> torch.Tensor:
+    """uint8 codes 0..15 [N_padded, K] -> the kernel's [N_padded, K / 2] bytes, in tiles of
+    `tile` rows (default: the width this CPU's kernel reads)."""
     q = q.numpy() if isinstance(q, torch.Tensor) else q
+    t = tile or kernel_tile_width()
     np_, k = q.shape
-    tiles = q.reshape(np_ // TILE_N, 2, TILE_N // 2, k)
-    low, high = tiles[:, 0].transpose(0, 2, 1), tiles[:, 1].transpose(0, 2, 1)  # [tiles, K, 32]
+    tiles = q.reshape(np_ // t, 2, t // 2, k)
+    low, high = tiles[:, 0].transpose(0, 2, 1), tiles[:, 1].transpose(0, 2, 1)  # [tiles, K, T/2]
     return torch.from_numpy((low | (high << 4)).reshape(np_, k // 2))
+
+
+@functools.cache
+def kernel_tile_width() -> int | None:
+    """Rows per tile in torch's int4 CPU layout on this machine; None when torch cannot pack
+    here or packs in a layout we do not know (then quantized weights run as bfloat16 dense)."""
+    probe = torch.randint(0, 16, (TILE_N, 64), dtype=torch.int32, generator=torch.Generator())
+    try:
+        expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+    for t in KERNEL_TILE_WIDTHS:
+        if torch.equal(_pack_codes(probe.to(torch.uint8), t), expected):
+            return t
+    return None
+
+
+def int4_kernel_available() -> bool:
+    return kernel_tile_width() is not None
 
 
 def _scale_zeros(scale: np.ndarray, low: np.ndarray) -> torch.Tensor:
@@ -153,7 +180,7 @@ def cpu_layout(w: QuantizedTensor) -> CpuQuantLinear:
     """The fastest CPU layout for `w` (see the module docstring), built chunk by chunk."""
     n, k = w.shape
     g = w.group_size
-    if g not in INT4_GROUP_SIZES:
+    if g not in INT4_GROUP_SIZES or not int4_kernel_available():
         return CpuQuantLinear((), _dense(w), n, w.kind)
     np_ = -(-n // TILE_N) * TILE_N
     halves = 1 if w.bits == 4 else 2
