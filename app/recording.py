@@ -32,7 +32,8 @@ def record(args: argparse.Namespace) -> int:
             engine.step()
     finally:
         engine.stop_recording()
-    print(f"recorded {engine.events.total} events over {engine.num_steps} steps to {args.out}")
+    num_events = engine.observers.events.total
+    print(f"recorded {num_events} events over {engine.num_steps} steps to {args.out}")
     return 0
 
 

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from engine.kv.allocator import NoFreeBlocksError
 from engine.outputs import BeamSearchOutput, BeamSequence, RequestMetrics
 from engine.sampling_params import BeamSearchParams, SamplingParams
 from engine.sequence import Request, Sequence
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
 
 _search_ids = itertools.count()
 
@@ -37,10 +42,12 @@ class _Search:
 
 
 class BeamSearchRunner:
-    def __init__(self, engine) -> None:
+    """Runs searches through the engine's own admission and stepping; beams are sequences of
+    the engine's scheduler, so its counters and its event stream see them like any other."""
+
+    def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self.bm = engine.block_manager
-        self.events = engine.events
+        self.scheduler = engine.scheduler
 
     def run(self, prompts: list[list[int]], params: BeamSearchParams) -> list[BeamSearchOutput]:
         if self.engine.config.allocator != "paged":
@@ -54,17 +61,8 @@ class BeamSearchRunner:
         try:
             for search in searches:
                 seq = search.beams[0].seq
-                match = self.bm.match_prefix(seq.token_ids)
-                self._require(self.bm.can_adopt(match, seq.num_tokens), seq.num_tokens)
-                self.bm.adopt(seq.seq_id, match)
-                seq.num_computed_tokens = len(match.block_ids) * self.bm.block_size
-                self.events.emit(
-                    "admit",
-                    seq.seq_id,
-                    query_tokens=seq.num_tokens,
-                    hit_tokens=seq.num_computed_tokens,
-                    first=True,
-                )
+                if not self.engine.admit(seq):
+                    raise self._out_of_blocks(seq.num_tokens)
             while not all(s.done for s in searches):
                 self._step([s for s in searches if not s.done], params)
         finally:
@@ -74,22 +72,11 @@ class BeamSearchRunner:
         return [self._output(s, params) for s in searches]
 
     def _step(self, searches: list[_Search], params: BeamSearchParams) -> None:
-        self.engine.num_steps += 1
-        self.events.step = self.engine.num_steps
-        items, copies = [], []
-        for search in searches:
-            for beam in search.beams:
-                seq = beam.seq
-                n = seq.num_tokens - seq.num_computed_tokens
-                self._require(
-                    self.bm.can_grow(seq.seq_id, seq.num_tokens, seq.num_computed_tokens),
-                    seq.num_tokens,
-                )
-                copies += self.bm.grow(seq.seq_id, seq.num_tokens, seq.num_computed_tokens)
-                items.append((seq, n))
-        seqs, logits = self.engine.runner.execute(items, copies)
-        for seq, _ in items:
-            self.bm.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        seqs = [beam.seq for search in searches for beam in search.beams]
+        try:
+            logits = self.engine.step_sequences(seqs)
+        except NoFreeBlocksError:
+            raise self._out_of_blocks(max(s.num_tokens for s in seqs)) from None
         logprobs = torch.log_softmax(logits, dim=-1)
         row = 0
         for search in searches:
@@ -134,40 +121,33 @@ class BeamSearchRunner:
             self._drop(beam)
 
     def _drop(self, beam: _Beam) -> None:
-        self.bm.free(beam.seq.seq_id)
-        self.events.emit("finish", beam.seq.seq_id, reason="beam")
+        beam.seq.finish_reason = "beam"
+        self.scheduler.finish(beam.seq)
 
     def _fork(self, parent: Sequence, token: int, cum_logprob: float) -> _Beam:
         child = self._new_seq(parent.token_ids + [token], parent.request)
-        self.bm.fork(parent.seq_id, child.seq_id)
-        child.num_computed_tokens = parent.num_computed_tokens
+        self.scheduler.fork(parent, child)
         return _Beam(child, cum_logprob)
 
     def _new_seq(self, token_ids: list[int], request: Request | None = None) -> Sequence:
         if request is None:
-            request_id = f"beam-{next(_search_ids)}"
+            request_id = f"beam-{next(_search_ids)}/beam"
             request = Request(
                 request_id, None, list(token_ids), SamplingParams(), RequestMetrics(0)
             )
         seq = Sequence(
             request=request, index=0, token_ids=token_ids, detokenizer=None, generator=None
         )
-        self.events.emit(
-            "add",
-            seq.seq_id,
-            request_id=f"{request.request_id}/beam",
-            sample=0,
-            num_prompt_tokens=len(request.prompt_token_ids),
-        )
+        self.scheduler.announce(seq)
         return seq
 
-    def _require(self, ok: bool, num_tokens: int) -> None:
-        if not ok:
-            raise ValueError(
-                f"beam search ran out of KV blocks at {num_tokens} tokens per beam: the pool has "
-                f"{self.bm.num_blocks} blocks of {self.bm.block_size}; use a smaller beam_width "
-                "or max_tokens, or a larger pool"
-            )
+    def _out_of_blocks(self, num_tokens: int) -> ValueError:
+        bm = self.engine.block_manager
+        return ValueError(
+            f"beam search ran out of KV blocks at {num_tokens} tokens per beam: the pool has "
+            f"{bm.num_blocks} blocks of {bm.block_size}; use a smaller beam_width "
+            "or max_tokens, or a larger pool"
+        )
 
     def _output(self, search: _Search, params: BeamSearchParams) -> BeamSearchOutput:
         decode = self.engine.tokenizer.decode

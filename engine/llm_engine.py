@@ -1,4 +1,8 @@
-"""LLMEngine: add_request / step / abort over the scheduler, the model runner and the sampler."""
+"""LLMEngine: add_request / step / abort over the scheduler, the model runner and the sampler.
+
+What it shows of itself (stats, a block's contents) is in `engine.inspection`; the event log and
+its observers (snapshots, the contiguous shadow, recording) in `engine.kv.observers`.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +11,25 @@ import time
 import torch
 from jinja2.exceptions import TemplateError
 
+from engine import inspection
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.kv.allocator import KVAllocator
 from engine.kv.block_manager import BlockManager
-from engine.kv.calibration import calibrate_kv_scales, calibration_token_ids
 from engine.kv.contiguous import ContiguousBlockManager
-from engine.kv.events import EventLog, EventRecorder
+from engine.kv.events import StepProgress
 from engine.kv.kv_cache import KVCache
-from engine.kv.shadow import ContiguousShadow
-from engine.kv.snapshot import BlockState, KVSnapshot
-from engine.kv.telemetry import PoolTelemetry
+from engine.kv.observers import PoolObservers
+from engine.kv.snapshot import KVSnapshot
 from engine.memory_profile import size_kv_pool
+from engine.model.kv_calibration import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
 from engine.model.sampler import Sampler, SampleResult, SamplingRow
 from engine.model_build import build_model
 from engine.model_runner import ModelRunner
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Request, Sequence
 from engine.weight_plan import weights_quantized
 
@@ -63,16 +68,16 @@ class LLMEngine:
             calibrate_kv_scales(self.model, self.kv_cache, ids)
         # A sequence may not outgrow the pool: capping here is what keeps preemption deadlock-free.
         self.max_seq_len = min(self.max_model_len, num_blocks * config.block_size)
-        # Every change to the pool goes through this stream; the snapshot telemetry and the
-        # contiguous shadow are its observers.
-        self.events = EventLog()
-        self.telemetry = PoolTelemetry(num_blocks, config.block_size, config.allocator)
-        self.events.subscribe(self.telemetry)
-        self.shadow: ContiguousShadow | None = None
-        self._recorder: EventRecorder | None = None
+        # Every change to the pool goes through one event stream; snapshots, the contiguous
+        # shadow, the counters stats() reports and recordings all follow it.
+        self.observers = PoolObservers(
+            num_blocks, config.block_size, config.allocator, self.max_seq_len
+        )
+        events = self.observers.events
+        self.block_manager: KVAllocator
         if config.allocator == "contiguous":
             self.block_manager = ContiguousBlockManager(
-                num_blocks, config.block_size, self.max_seq_len, self.events
+                num_blocks, config.block_size, self.max_seq_len, events
             )
         else:
             self.block_manager = BlockManager(
@@ -80,14 +85,12 @@ class LLMEngine:
                 config.block_size,
                 enable_prefix_caching=config.enable_prefix_caching,
                 cache_salt=f"{loaded.source}|{config.kv_torch_dtype}".encode(),
-                events=self.events,
+                events=events,
             )
-            self.shadow = ContiguousShadow(num_blocks, config.block_size, self.max_seq_len)
-            self.events.subscribe(self.shadow)
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.batched_tokens_limit
+            self.block_manager, events, config.max_num_seqs, config.batched_tokens_limit
         )
-        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager)
+        self.runner = ModelRunner(self.model, self.kv_cache)
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         self.sampler = Sampler(self.generator)
         self.requests: dict[str, Request] = {}
@@ -96,8 +99,8 @@ class LLMEngine:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.num_steps = 0
         # Fixed once built; computed here so stats() stays cheap at the app's 10 Hz.
-        self._weight_bytes = self.model.weight_bytes()
-        self._weight_format = self.model.weight_format()
+        self.weight_bytes = self.model.weight_bytes()
+        self.weight_format = self.model.weight_format()
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
@@ -174,13 +177,7 @@ class LLMEngine:
             )
         self.requests[request_id] = request
         for seq in request.sequences:
-            self.events.emit(
-                "add",
-                seq.seq_id,
-                request_id=request_id,
-                sample=seq.index,
-                num_prompt_tokens=len(ids),
-            )
+            self.scheduler.announce(seq)
         if self.config.allocator == "contiguous":
             # The naive allocator shares nothing: every sample prefills into its own reservation.
             for seq in request.sequences:
@@ -201,7 +198,7 @@ class LLMEngine:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
         request.metrics.finished_time = time.time()
-        return self._make_output(request)
+        return request.output()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -209,19 +206,15 @@ class LLMEngine:
     # ---- stepping ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, sample; returns outputs of requests that progressed."""
-        self.events.step = self.num_steps + 1
+        self._begin_step()
         batch = self.scheduler.schedule()
         if not batch.items:
             return []
-        self.num_steps += 1
         now = time.time()
         for seq, _ in batch.items:
             if seq.request.metrics.first_scheduled_time is None:
                 seq.request.metrics.first_scheduled_time = now
-        seqs, logits = self.runner.execute(batch.items, batch.block_copies)
-        for seq, _ in batch.items:
-            # Before sampling may finish (and free) it: a finished prompt stays reusable.
-            self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        seqs, logits = self._run(batch)
         touched: dict[str, Request] = {}
         stepped = [seq for seq, _ in batch.items]
         if seqs:
@@ -239,18 +232,45 @@ class LLMEngine:
         self.emit_progress(stepped)
         outputs = []
         for request in touched.values():
-            outputs.append(self._make_output(request))
+            outputs.append(request.output())
             if request.is_finished:
                 request.metrics.finished_time = now
                 del self.requests[request.request_id]
         return outputs
+
+    def admit(self, seq: Sequence) -> bool:
+        """Admit a sequence built outside add_request (a beam search's prompt) into the next
+        step, with room for all its tokens; False, changing nothing, when the pool is full."""
+        self._begin_step()
+        return self.scheduler.admit(seq)
+
+    def step_sequences(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One step over exactly `seqs` (beam search's step), each computing all its uncomputed
+        tokens: the logits of each one's last token, in the order given. NoFreeBlocksError,
+        preempting nothing, when the pool cannot hold them; end the step with emit_progress."""
+        self._begin_step()
+        sampled, logits = self._run(self.scheduler.schedule_exactly(seqs))
+        row = {seq.seq_id: i for i, seq in enumerate(sampled)}
+        return logits[torch.tensor([row[s.seq_id] for s in seqs], device=logits.device)]
 
     def emit_progress(self, seqs: list[Sequence]) -> None:
         """Tell observers how far each sequence got this step (fills of its last blocks)."""
         seen: dict[int, tuple[int, int, int]] = {}
         for seq in seqs:
             seen[seq.seq_id] = (seq.seq_id, seq.num_tokens, seq.num_computed_tokens)
-        self.events.emit("progress", lens=list(seen.values()))
+        self.observers.events.emit(StepProgress, lens=tuple(seen.values()))
+
+    def _begin_step(self) -> None:
+        # Events from here until the step has run belong to it.
+        self.observers.events.step = self.num_steps + 1
+
+    def _run(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
+        self.num_steps += 1
+        seqs, logits = self.runner.execute(batch)
+        for seq, _ in batch.items:
+            # Before sampling may finish (and free) it: a finished prompt stays reusable.
+            self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        return seqs, logits
 
     def _fork_pending_samples(
         self, seqs: list[Sequence], logits: torch.Tensor
@@ -264,10 +284,7 @@ class LLMEngine:
             out_seqs.append(parent)
             rows.append(row)
             for child in parent.request.pending_forks:
-                self.block_manager.fork(parent.seq_id, child.seq_id)
-                child.num_computed_tokens = parent.num_computed_tokens
-                child.num_cached_tokens = parent.num_cached_tokens
-                self.scheduler.add_running(child)
+                self.scheduler.fork(parent, child)
                 out_seqs.append(child)
                 rows.append(row)
             parent.request.pending_forks = []
@@ -294,58 +311,10 @@ class LLMEngine:
         self.scheduler.finish(seq)
 
     def _append_token(self, seq: Sequence, result: SampleResult, now: float) -> None:
-        params = seq.request.params
-        token = result.token_id
-        seq.token_ids.append(token)
-        seq.cumulative_logprob += result.logprob
-        if seq.logprobs is not None:
-            seq.logprobs.append(result.top_logprobs)
-        if seq.request.metrics.first_token_time is None:
-            seq.request.metrics.first_token_time = now
-        delta = seq.detokenizer.step([token])
-        reason = None
-        if token in params.stop_token_ids:
-            reason, seq.stop_reason = "stop", token
-        elif token in self.eos_token_ids and not params.ignore_eos:
-            reason = "stop"
-        elif delta and params.stop:
-            hit = seq.request.stop_checker.find(seq.detokenizer.output_text, len(delta))
-            if hit is not None:
-                reason, seq.stop_reason, seq.text_end = "stop", hit.stop, hit.index
-        if reason is None and (
-            seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_seq_len
-        ):
-            reason = "length"
+        reason = seq.append_token(result, now, self.eos_token_ids, self.max_seq_len)
         if reason is not None:
-            if seq.text_end is None:
-                seq.detokenizer.flush()  # a character cut off by max_tokens still shows up
             seq.finish_reason = reason
             self.scheduler.finish(seq)
-
-    def _make_output(self, request: Request) -> RequestOutput:
-        completions = []
-        for seq in request.sequences:
-            completions.append(
-                CompletionOutput(
-                    index=seq.index,
-                    text=seq.visible_text,
-                    token_ids=list(seq.output_token_ids),
-                    finish_reason=seq.finish_reason,
-                    logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-                    stop_reason=seq.stop_reason,
-                    cumulative_logprob=seq.cumulative_logprob,
-                    error=seq.error,
-                )
-            )
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=list(request.prompt_token_ids),
-            outputs=completions,
-            finished=request.is_finished,
-            num_cached_tokens=request.num_cached_tokens,
-            metrics=request.metrics,
-        )
 
     def _sample_generator(self, seed: int | None, index: int) -> torch.Generator | None:
         if seed is None:
@@ -356,106 +325,26 @@ class LLMEngine:
 
     # ---- introspection -------------------------------------------------------------------
     def stats(self) -> dict:
-        bm = self.block_manager
-        running = self.scheduler.running
-        return {
-            "kv_block_size": bm.block_size,
-            "kv_blocks_total": bm.num_blocks,
-            "kv_blocks_used": bm.num_used_blocks,
-            "kv_blocks_free": bm.num_free_blocks,
-            "kv_blocks_cached": bm.num_cached_blocks,
-            "kv_blocks_peak": bm.peak_used_blocks,
-            # Physical slots holding K/V: a block shared by several sequences counts once.
-            "kv_tokens_stored": self.telemetry.tokens_stored(),
-            "kv_cache_bytes": self.kv_cache.nbytes,
-            "num_running": len(running),
-            "num_waiting": len(self.scheduler.waiting),
-            "num_preemptions": self.scheduler.num_preemptions,
-            "peak_num_running": self.scheduler.peak_num_running,
-            "prefix_cache_query_tokens": self.scheduler.prefix_query_tokens,
-            "prefix_cache_hit_tokens": self.scheduler.prefix_hit_tokens,
-            "prefix_cache_evictions": bm.num_evictions,
-            "kv_cow_copies": bm.num_cow_copies,
-            "max_model_len": self.max_model_len,
-            "num_steps": self.num_steps,
-            "allocator": self.config.allocator,
-            "kv_cache_dtype": str(self.config.kv_torch_dtype).removeprefix("torch."),
-            "weight_bytes": self._weight_bytes,
-            "weight_format": self._weight_format["format"],
-            "weight_layout": self._weight_format["layout"],
-            "dtype": str(self.model.dtype).removeprefix("torch."),
-        }
+        return inspection.engine_stats(self)
 
     def kv_snapshot(self) -> KVSnapshot:
         """An immutable copy of the pool: per-block arrays, per-sequence tables, metrics."""
-        return self.telemetry.snapshot()
+        return self.observers.snapshot()
 
     def shadow_snapshot(self) -> KVSnapshot | None:
         """The same traffic on the naive contiguous allocator (None in contiguous mode)."""
-        return self.shadow.snapshot() if self.shadow is not None else None
+        return self.observers.shadow_snapshot()
 
     def block_contents(self, block_id: int) -> dict:
         """What one physical block holds: its token ids and their text, and who holds it."""
-        if not 0 <= block_id < self.block_manager.num_blocks:
-            raise ValueError(
-                f"block id {block_id} is outside the pool [0, {self.block_manager.num_blocks})"
-            )
-        tel = self.telemetry
-        bs = self.config.block_size
-        state = BlockState(int(tel.state[block_id]))
-        owners = [track.request_id for track in tel.seqs.values() if block_id in track.table]
-        token_ids: list[int] = []
-        owner = int(tel.owner[block_id])
-        index = int(tel.logical_index[block_id])
-        if state is BlockState.USED and owner >= 0:
-            seq = self._live_sequence(owner)
-            if seq is not None:
-                filled = min(bs, max(0, seq.num_computed_tokens - index * bs))
-                token_ids = seq.token_ids[index * bs : index * bs + filled]
-        elif state is BlockState.CACHED:
-            block = getattr(self.block_manager, "blocks", None)
-            if block is not None and block[block_id].token_ids is not None:
-                token_ids = list(block[block_id].token_ids)
-        return {
-            "block_id": block_id,
-            "state": state.name.lower(),
-            "owners": owners,
-            "logical_index": index,
-            "ref_count": int(tel.ref_count[block_id]),
-            "has_hash": bool(tel.has_hash[block_id]),
-            "token_ids": token_ids,
-            "text": self.tokenizer.decode(token_ids) if token_ids else "",
-        }
-
-    def _live_sequence(self, seq_id: int) -> Sequence | None:
-        for request in self.requests.values():
-            for seq in request.sequences:
-                if seq.seq_id == seq_id:
-                    return seq
-        return None
+        return inspection.block_contents(self, block_id)
 
     def start_recording(self, path) -> None:
         """Write every KV event from now on to a JSON-lines file (replay with engine.kv.replay)."""
         self.stop_recording()
         if self.has_unfinished_requests():
             raise ValueError("start recording on an idle engine, so the replay starts from empty")
-        self._recorder = EventRecorder(
-            path,
-            {
-                "num_blocks": self.block_manager.num_blocks,
-                "block_size": self.config.block_size,
-                "allocator": self.config.allocator,
-                "max_seq_len": self.max_seq_len,
-                "model": str(self.model_source),
-                "cached_blocks": self.telemetry.has_hash.nonzero()[0].tolist(),
-                # Cumulative counters so far, so replayed metrics match the live ones exactly.
-                "counters": self.telemetry.counters(),
-            },
-        )
-        self.events.subscribe(self._recorder)
+        self.observers.start_recording(path, str(self.model_source))
 
     def stop_recording(self) -> None:
-        if self._recorder is not None:
-            self.events.unsubscribe(self._recorder)
-            self._recorder.close()
-            self._recorder = None
+        self.observers.stop_recording()

@@ -1,37 +1,35 @@
 """Turns a scheduled batch into the flat tensors the model and kernels consume, and runs it.
 
 This is the boundary between Python scheduling and compute: token ids, positions, slot_mapping,
-block tables and lengths. Nothing past it knows about Sequence objects.
+block tables and lengths. Everything it needs comes in the batch (block tables included), so it
+never asks the allocator; nothing past it knows about Sequence objects.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.kv.block_manager import BlockManager
 from engine.kv.kv_cache import KVCache
 from engine.model.attention import AttentionMetadata
 from engine.model.llama import LlamaModel
+from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, block_manager: BlockManager) -> None:
+    def __init__(self, model: LlamaModel, kv_cache: KVCache) -> None:
         self.model = model
         self.kv_cache = kv_cache
-        self.block_manager = block_manager
         self.device = model.device
 
-    def execute(
-        self, items: list[tuple[Sequence, int]], block_copies: list[tuple[int, int]]
-    ) -> tuple[list[Sequence], torch.Tensor]:
+    def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step. Returns the sequences that reached their last token and their logits."""
-        self.kv_cache.copy_blocks(block_copies)
+        self.kv_cache.copy_blocks(batch.block_copies)
+        items, tables = batch.items, batch.block_tables
         decodes = [(s, n) for s, n in items if n == 1]
         prefills = [(s, n) for s, n in items if n > 1]
         ordered = decodes + prefills
-        bm = self.block_manager
-        bs = bm.block_size
+        bs = self.kv_cache.block_size
 
         input_ids: list[int] = []
         positions: list[int] = []
@@ -42,7 +40,7 @@ class ModelRunner:
             start = seq.num_computed_tokens
             input_ids.extend(seq.token_ids[start : start + n])
             positions.extend(range(start, start + n))
-            table = bm.tables[seq.seq_id]
+            table = tables[seq.seq_id]
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             if start + n == seq.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
@@ -51,9 +49,9 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots, torch.int64),
             num_decode_tokens=len(decodes),
-            decode_block_tables=self._tables([s for s, _ in decodes]),
+            decode_block_tables=self._tables([tables[s.seq_id] for s, _ in decodes]),
             decode_seq_lens=self._lens([s.num_computed_tokens + 1 for s, _ in decodes]),
-            prefill_block_tables=self._tables([s for s, _ in prefills]),
+            prefill_block_tables=self._tables([tables[s.seq_id] for s, _ in prefills]),
             prefill_query_start_loc=self._query_starts([n for _, n in prefills]),
             prefill_seq_lens=self._lens([s.num_computed_tokens + n for s, n in prefills]),
         )
@@ -73,13 +71,12 @@ class ModelRunner:
     def _tensor(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
 
-    def _tables(self, seqs: list[Sequence]) -> torch.Tensor | None:
-        if not seqs:
+    def _tables(self, tables: list[tuple[int, ...]]) -> torch.Tensor | None:
+        if not tables:
             return None
-        tables = [self.block_manager.tables[s.seq_id] for s in seqs]
         width = max(len(t) for t in tables)
         # Padding points at block 0: kernels never read past seq_len, so it is never used.
-        return self._tensor([t + [0] * (width - len(t)) for t in tables], torch.int32)
+        return self._tensor([list(t) + [0] * (width - len(t)) for t in tables], torch.int32)
 
     def _lens(self, lens: list[int]) -> torch.Tensor | None:
         return self._tensor(lens, torch.int32) if lens else None

@@ -5,6 +5,9 @@ long prompt), then waiting ones are admitted while blocks, `max_num_seqs` and th
 allow. Prompts longer than the remaining budget are prefilled in chunks over several steps. When
 the pool runs dry the newest running sequence is preempted by recompute: its blocks are freed and
 it goes back to the front of the queue to be prefilled again later.
+
+The scheduler announces every change of a sequence's life (added, admitted, forked, preempted,
+finished) on the event log; the allocator announces the block changes these cause.
 """
 
 from __future__ import annotations
@@ -12,7 +15,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.kv.block_manager import BlockManager
+from engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch
+from engine.kv.events import (
+    EventLog,
+    SequenceAdded,
+    SequenceAdmitted,
+    SequenceFinished,
+    SequencePreempted,
+)
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -23,28 +33,38 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     # (src, dst) physical block copies to perform before the step: copy-on-write of shared blocks.
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # seq_id -> its block table as scheduled: all the model runner needs of the allocator.
+    block_tables: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_batched_tokens: int):
-        self.block_manager = block_manager
+    def __init__(
+        self,
+        allocator: KVAllocator,
+        events: EventLog,
+        max_num_seqs: int,
+        max_batched_tokens: int,
+    ) -> None:
+        self.allocator = allocator
+        self.events = events
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.num_preemptions = 0
         self.peak_num_running = 0
-        self.prefix_query_tokens = 0
-        self.prefix_hit_tokens = 0
+
+    def announce(self, seq: Sequence) -> None:
+        """Tell observers a sample exists; it shows as waiting until admitted or forked."""
+        self.events.emit(
+            SequenceAdded,
+            seq_id=seq.seq_id,
+            request_id=seq.request.request_id,
+            sample=seq.index,
+            num_prompt_tokens=seq.num_prompt_tokens,
+        )
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-
-    def add_running(self, seq: Sequence) -> None:
-        """A sequence forked from a running one: its blocks are already in place."""
-        seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
-        self.peak_num_running = max(self.peak_num_running, len(self.running))
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -52,7 +72,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_batched_tokens
-        bm = self.block_manager
+        bm = self.allocator
         # Decodes (one token) before prefill chunks, so a long prompt never stalls running chats.
         ordered = sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1)
         scheduled_ids: set[int] = set()
@@ -93,28 +113,42 @@ class Scheduler:
             if not bm.can_adopt(match, num_cached + num_new):
                 break
             self.waiting.popleft()
-            bm.adopt(seq.seq_id, match)
-            bm.grow(seq.seq_id, num_cached + num_new)
-            seq.num_computed_tokens = num_cached
-            first = seq.num_cached_tokens is None
-            if first:
-                seq.num_cached_tokens = num_cached
-            if bm.events is not None:
-                bm.events.emit(
-                    "admit",
-                    seq.seq_id,
-                    query_tokens=seq.num_tokens,
-                    hit_tokens=num_cached,
-                    first=first,
-                )
-            self.prefix_query_tokens += seq.num_tokens
-            self.prefix_hit_tokens += num_cached
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self._admit(seq, match, num_cached + num_new)
             batch.items.append((seq, num_new))
             budget -= num_new
+        return self._with_tables(batch)
+
+    def admit(self, seq: Sequence) -> bool:
+        """Admit a sequence built outside the queue (a beam search's prompt) now, with room for
+        all its tokens; False, changing nothing, when the pool has no room."""
+        match = self.allocator.match_prefix(seq.token_ids)
+        if not self.allocator.can_adopt(match, seq.num_tokens):
+            return False
+        self._admit(seq, match, seq.num_tokens)
+        return True
+
+    def schedule_exactly(self, seqs: list[Sequence]) -> ScheduledBatch:
+        """A batch of exactly `seqs`, each computing all its uncomputed tokens (beam search's
+        step). Nothing is preempted: NoFreeBlocksError when the pool cannot hold them."""
+        batch = ScheduledBatch()
+        for seq in seqs:
+            write_from = seq.num_computed_tokens
+            if not self.allocator.can_grow(seq.seq_id, seq.num_tokens, write_from):
+                raise NoFreeBlocksError(
+                    f"no room for sequence {seq.seq_id}'s {seq.num_tokens} tokens"
+                )
+            batch.block_copies += self.allocator.grow(seq.seq_id, seq.num_tokens, write_from)
+            batch.items.append((seq, seq.num_tokens - write_from))
+        return self._with_tables(batch)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Start `child` running on a copy-on-write share of every block of `parent`."""
+        self.allocator.fork(parent.seq_id, child.seq_id)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
         self.peak_num_running = max(self.peak_num_running, len(self.running))
-        return batch
 
     def finish(self, seq: Sequence) -> None:
         """Release a sequence's blocks and drop it from the queues (finished or aborted)."""
@@ -122,20 +156,42 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq.seq_id)
+        self.allocator.free(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
-        if self.block_manager.events is not None:
-            self.block_manager.events.emit("finish", seq.seq_id, reason=seq.finish_reason)
+        self.events.emit(SequenceFinished, seq_id=seq.seq_id, reason=seq.finish_reason)
+
+    def _admit(self, seq: Sequence, match: PrefixMatch, total_tokens: int) -> None:
+        bm = self.allocator
+        bm.adopt(seq.seq_id, match)
+        bm.grow(seq.seq_id, total_tokens)
+        num_cached = len(match.block_ids) * bm.block_size
+        seq.num_computed_tokens = num_cached
+        first = seq.num_cached_tokens is None
+        if first:
+            seq.num_cached_tokens = num_cached
+        self.events.emit(
+            SequenceAdmitted,
+            seq_id=seq.seq_id,
+            query_tokens=seq.num_tokens,
+            hit_tokens=num_cached,
+            first=first,
+        )
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        self.peak_num_running = max(self.peak_num_running, len(self.running))
+
+    def _with_tables(self, batch: ScheduledBatch) -> ScheduledBatch:
+        for seq, _ in batch.items:
+            batch.block_tables[seq.seq_id] = tuple(self.allocator.table(seq.seq_id))
+        return batch
 
     def _newest_running(self, exclude: set[int]) -> Sequence:
         return next(s for s in reversed(self.running) if s.seq_id not in exclude)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.block_manager.free(seq.seq_id)
+        self.allocator.free(seq.seq_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
         self.waiting.appendleft(seq)
-        self.num_preemptions += 1
-        if self.block_manager.events is not None:
-            self.block_manager.events.emit("preempt", seq.seq_id)
+        self.events.emit(SequencePreempted, seq_id=seq.seq_id)

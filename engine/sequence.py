@@ -5,12 +5,16 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer, StopChecker
-from engine.outputs import RequestMetrics
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.model.sampler import SampleResult
 
 
 class SequenceStatus(enum.Enum):
@@ -72,6 +76,48 @@ class Sequence:
             return text if self.text_end is None else text[: self.text_end]
         return self.request.stop_checker.streamable(text)
 
+    def append_token(
+        self, result: SampleResult, now: float, eos_token_ids: set[int], max_seq_len: int
+    ) -> str | None:
+        """Take the sampled token; returns why the sequence is done ("stop", "length") or None."""
+        params = self.request.params
+        token = result.token_id
+        self.token_ids.append(token)
+        self.cumulative_logprob += result.logprob
+        if self.logprobs is not None:
+            self.logprobs.append(result.top_logprobs)
+        if self.request.metrics.first_token_time is None:
+            self.request.metrics.first_token_time = now
+        delta = self.detokenizer.step([token])
+        reason = None
+        if token in params.stop_token_ids:
+            reason, self.stop_reason = "stop", token
+        elif token in eos_token_ids and not params.ignore_eos:
+            reason = "stop"
+        elif delta and params.stop:
+            hit = self.request.stop_checker.find(self.detokenizer.output_text, len(delta))
+            if hit is not None:
+                reason, self.stop_reason, self.text_end = "stop", hit.stop, hit.index
+        if reason is None and (
+            self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_seq_len
+        ):
+            reason = "length"
+        if reason is not None and self.text_end is None:
+            self.detokenizer.flush()  # a character cut off by max_tokens still shows up
+        return reason
+
+    def output(self) -> CompletionOutput:
+        return CompletionOutput(
+            index=self.index,
+            text=self.visible_text,
+            token_ids=list(self.output_token_ids),
+            finish_reason=self.finish_reason,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            stop_reason=self.stop_reason,
+            cumulative_logprob=self.cumulative_logprob,
+            error=self.error,
+        )
+
 
 @dataclass(eq=False)
 class Request:
@@ -96,3 +142,15 @@ class Request:
     def num_cached_tokens(self) -> int:
         """Prompt tokens served from the prefix cache when the request was first admitted."""
         return self.sequences[0].num_cached_tokens or 0
+
+    def output(self) -> RequestOutput:
+        """Where the request stands now, cumulative over everything generated so far."""
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=list(self.prompt_token_ids),
+            outputs=[seq.output() for seq in self.sequences],
+            finished=self.is_finished,
+            num_cached_tokens=self.num_cached_tokens,
+            metrics=self.metrics,
+        )

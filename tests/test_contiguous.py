@@ -7,9 +7,10 @@ from hypothesis import strategies as st
 from kv_checks import assert_telemetry_matches
 
 from engine import LLM, SamplingParams
-from engine.kv.block_manager import NoFreeBlocksError, PrefixMatch
+from engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch
+from engine.kv.block_manager import BlockManager
 from engine.kv.contiguous import ContiguousBlockManager, first_fit
-from engine.kv.events import EventLog
+from engine.kv.events import EventLog, SequenceAdded, SequenceFinished, StepProgress
 from engine.kv.snapshot import BlockState
 from engine.kv.telemetry import PoolTelemetry
 
@@ -45,6 +46,18 @@ def test_a_sequence_reserves_its_maximum_length_at_admission():
     bm.check_invariants()
 
 
+@pytest.mark.parametrize("allocator", [BlockManager, ContiguousBlockManager])
+def test_both_allocators_implement_the_whole_protocol_themselves(allocator):
+    # A member the subclass forgot would silently fall back to the protocol's empty body.
+    members = {n for n in vars(KVAllocator) if not n.startswith("_")}
+    members |= set(KVAllocator.__annotations__)  # num_blocks, block_size, peak_used_blocks
+    assert members >= {"grow", "table", "cached_block_tokens", "num_cached_blocks", "num_blocks"}
+    assert KVAllocator in allocator.__mro__  # declared, not just shaped alike
+    bm = allocator(8, 4, 16) if allocator is ContiguousBlockManager else allocator(8, 4)
+    defined_here = set(vars(allocator)) | set(vars(bm))
+    assert members <= defined_here, members - defined_here
+
+
 def test_a_reservation_larger_than_the_pool_is_rejected():
     with pytest.raises(ValueError, match="needs 5 blocks, the pool has 4"):
         ContiguousBlockManager(num_blocks=4, block_size=4, max_seq_len=20)
@@ -66,17 +79,17 @@ def test_random_operations_keep_the_reservations_exact(num_blocks, reservation, 
     lengths: dict[int, int] = {}
     for op, seq in ops:
         if op == "admit" and seq not in lengths:
-            events.emit("add", seq, request_id=f"r/{seq}", sample=0, num_prompt_tokens=1)
+            events.emit(SequenceAdded, seq, f"r/{seq}", sample=0, num_prompt_tokens=1)
             if bm.can_adopt(NO_MATCH, 1):
                 bm.adopt(seq, NO_MATCH)
                 lengths[seq] = 0
         elif op == "grow" and seq in lengths and lengths[seq] < reservation * 4:
             lengths[seq] += 1
             bm.grow(seq, lengths[seq])
-            events.emit("progress", lens=[(seq, lengths[seq], lengths[seq])])
+            events.emit(StepProgress, lens=((seq, lengths[seq], lengths[seq]),))
         elif op == "free" and seq in lengths:
             bm.free(seq)
-            events.emit("finish", seq)
+            events.emit(SequenceFinished, seq_id=seq, reason="stop")
             del lengths[seq]
         bm.check_invariants()
         assert_telemetry_matches(telemetry, bm)

@@ -153,10 +153,16 @@ def test_odd_prompts_get_a_clear_error_and_the_engine_goes_on(default_llm, promp
 
 
 def test_a_crafted_recording_cannot_ask_for_a_huge_pool(tmp_path):
+    from engine.kv.events import FORMAT_VERSION
     from engine.kv.replay import replay_events
 
     path = tmp_path / "session.jsonl"
-    header = {"kvscope_events": 1, "num_blocks": 10**12, "block_size": 16, "allocator": "paged"}
+    header = {
+        "kvscope_events": FORMAT_VERSION,
+        "num_blocks": 10**12,
+        "block_size": 16,
+        "allocator": "paged",
+    }
     path.write_text(json.dumps(header) + "\n")
     with pytest.raises(ValueError, match="num_blocks"):
         next(replay_events(path))

@@ -1,13 +1,29 @@
 """KVSnapshot and the event stream on the real engine: exact mirrors, replay, block contents."""
 
+import json
+
 import numpy as np
 import pytest
 from kv_checks import assert_telemetry_matches
 
-from engine import LLM, SamplingParams
-from engine.kv.events import EventLog, read_events
+from engine import LLM, BeamSearchParams, SamplingParams
+from engine.kv.events import (
+    EVENT_TYPES,
+    FORMAT_VERSION,
+    BlocksAllocated,
+    BlocksFreed,
+    EventLog,
+    PrefixCacheHit,
+    SequenceAdded,
+    SequenceAdmitted,
+    SequenceFinished,
+    SequenceForked,
+    StepProgress,
+    read_events,
+)
 from engine.kv.replay import replay_events
 from engine.kv.snapshot import BlockState, free_runs
+from engine.kv.telemetry import PoolTelemetry
 
 SYSTEM = "You are a careful assistant who answers in one short sentence. " * 3
 
@@ -23,9 +39,17 @@ def _run(engine, on_step=None):
     while engine.has_unfinished_requests():
         engine.step()
         engine.block_manager.check_invariants()
-        assert_telemetry_matches(engine.telemetry, engine.block_manager)
+        assert_telemetry_matches(engine.observers.telemetry, engine.block_manager)
         if on_step:
             on_step()
+
+
+def _assert_counters_agree(snap, stats):
+    """stats() and the snapshot report the same traffic counters: one owner for each."""
+    m = snap.metrics
+    assert m.num_preemptions == stats["num_preemptions"]
+    assert m.prefix_query_tokens == stats["prefix_cache_query_tokens"]
+    assert m.prefix_hit_tokens == stats["prefix_cache_hit_tokens"]
 
 
 @pytest.fixture
@@ -53,8 +77,7 @@ def test_snapshot_mirrors_the_pool_through_sharing_forks_and_preemption(small_ll
         assert m.blocks_used + m.blocks_free == stats["kv_blocks_total"]
         assert m.tokens_stored == stats["kv_tokens_stored"] <= m.slots_held
         assert m.num_running == stats["num_running"]
-        assert m.num_preemptions == stats["num_preemptions"]
-        assert m.prefix_hit_tokens == stats["prefix_cache_hit_tokens"]
+        _assert_counters_agree(snap, stats)
         # Only a sequence's last block may be partly filled.
         for info in snap.sequences:
             if info.status == "running" and info.block_table:
@@ -64,11 +87,35 @@ def test_snapshot_mirrors_the_pool_through_sharing_forks_and_preemption(small_ll
         seen_preempted |= m.num_preempted > 0
 
     _run(engine, check)
-    assert seen_shared and engine.stats()["num_preemptions"] > 0
+    assert seen_shared and seen_preempted and engine.stats()["num_preemptions"] > 0
     final = small_llm.kv_snapshot()
     assert final.metrics.blocks_used == 0
     assert final.metrics.blocks_cached > 0  # the shared system prompt stays reusable
     assert (final.state[final.has_hash] == BlockState.CACHED).all()
+
+
+def test_stats_and_snapshot_count_beam_search_and_preemption_alike(small_llm):
+    llm = small_llm
+    prompt = llm.engine.tokenize(
+        llm.engine.apply_chat_template([{"role": "user", "content": SYSTEM}])
+    )[1]
+    params = BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True)
+    llm.beam_search([prompt], params)
+    stats = llm.stats()
+    _assert_counters_agree(llm.kv_snapshot(), stats)
+    assert stats["prefix_cache_query_tokens"] == len(prompt)
+    assert stats["num_steps"] == 3 and stats["num_running"] == 0
+    llm.beam_search([prompt], params)  # the first search left the prompt's blocks cached
+    stats = llm.stats()
+    _assert_counters_agree(llm.kv_snapshot(), stats)
+    assert stats["prefix_cache_query_tokens"] == 2 * len(prompt)
+    assert stats["prefix_cache_hit_tokens"] == (len(prompt) - 1) // 16 * 16 > 0
+    questions = ["Name a colour.", "Name a fruit.", "Name a planet.", "Name a river."]
+    chats = [[{"role": "user", "content": SYSTEM + q}] for q in questions]
+    llm.chat(chats, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    stats = llm.stats()
+    assert stats["num_preemptions"] > 0
+    _assert_counters_agree(llm.kv_snapshot(), stats)
 
 
 def test_a_recorded_session_replays_into_the_same_snapshots(small_llm, tmp_path):
@@ -88,8 +135,18 @@ def test_a_recorded_session_replays_into_the_same_snapshots(small_llm, tmp_path)
         assert pool.equals(pool_r)
         assert shadow.equals(shadow_r)
     header, events = read_events(path)
-    kinds = {e.kind for e in events}
-    assert {"add", "admit", "alloc", "cache_hit", "fork", "free", "finish", "progress"} <= kinds
+    assert header["kvscope_events"] == FORMAT_VERSION
+    kinds = {type(e) for e in events}
+    assert {
+        SequenceAdded,
+        SequenceAdmitted,
+        BlocksAllocated,
+        PrefixCacheHit,
+        SequenceForked,
+        BlocksFreed,
+        SequenceFinished,
+        StepProgress,
+    } <= kinds
 
 
 def test_recording_needs_an_idle_engine(small_llm, tmp_path):
@@ -124,9 +181,11 @@ def test_block_contents_gives_the_tokens_and_text_a_block_holds(small_llm):
 def test_the_event_log_is_bounded_but_counts_everything():
     log = EventLog(capacity=3)
     for i in range(5):
-        log.emit("progress", lens=[(i, 1, 1)])
+        log.step = i
+        log.emit(StepProgress, lens=((i, 1, 1),))
     assert len(log.recent()) == 3 and log.total == 5
-    assert log.recent(1)[0].data["lens"] == [(4, 1, 1)]
+    last = log.recent(1)[0]
+    assert isinstance(last, StepProgress) and last.lens == ((4, 1, 1),) and last.step == 4
     with pytest.raises(ValueError, match="capacity"):
         EventLog(capacity=0)
 
@@ -144,6 +203,57 @@ def test_reading_a_bad_event_file_names_the_problem(tmp_path):
     bad.write_text('{"something": 1}\n')
     with pytest.raises(ValueError, match="not a KVScope event file"):
         read_events(bad)
+    bad.write_text('{"kvscope_events": 1, "num_blocks": 4}\n')
+    with pytest.raises(ValueError, match="format version 1.*reads version 2"):
+        read_events(bad)
+
+
+GOOD_EVENT = {"kind": "blocks_allocated", "step": 1, "time": 2.5, "seq_id": 0, "blocks": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    "event,problem",
+    [
+        ({**GOOD_EVENT, "kind": "alloc"}, "unknown KV event kind 'alloc'"),
+        (GOOD_EVENT, r"lacks fields \['start'\]"),
+        ({**GOOD_EVENT, "start": 0, "data": {}}, r"unknown fields \['data'\]"),
+        ({**GOOD_EVENT, "start": "0"}, "blocks_allocated.start must be an int >= 0, got '0'"),
+        ({**GOOD_EVENT, "start": True}, "start must be an int"),
+        ({**GOOD_EVENT, "start": 0, "blocks": [1, -2]}, "blocks must be an int >= 0, got -2"),
+        ({**GOOD_EVENT, "start": 0, "blocks": 3}, "blocks must be a list"),
+        ({"kind": "step_progress", "step": 1, "time": 1, "lens": [[0, 1]]}, "lens must be a list"),
+        ([1, 2], "an event is a JSON object"),
+    ],
+)
+def test_a_bad_event_line_is_named_with_its_problem(tmp_path, event, problem):
+    path = tmp_path / "session.jsonl"
+    good = {**GOOD_EVENT, "start": 0}
+    lines = [{"kvscope_events": FORMAT_VERSION}, good, event]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    header, events = read_events(path)
+    assert next(events) == BlocksAllocated(1, 2.5, 0, (1, 2), 0)
+    with pytest.raises(ValueError, match=f"session.jsonl:3: .*{problem}"):
+        next(events)
+
+
+def test_an_event_that_does_not_follow_is_a_value_error(tmp_path):
+    path = tmp_path / "session.jsonl"
+    header = {"kvscope_events": FORMAT_VERSION, "num_blocks": 4, "block_size": 2}
+    freed = {"kind": "blocks_freed", "step": 1, "time": 1.0, "seq_id": 7, "blocks": [9]}
+    path.write_text(json.dumps({**header, "allocator": "paged"}) + "\n" + json.dumps(freed))
+    with pytest.raises(ValueError, match="event 1 \\(blocks_freed\\) does not follow"):
+        next(replay_events(path))
+    path.write_text(json.dumps({**header, "allocator": "paged", "counters": {"state": 1}}))
+    with pytest.raises(ValueError, match="header counters"):
+        next(replay_events(path))
+    path.write_text(json.dumps({**header, "allocator": "buddy"}))
+    with pytest.raises(ValueError, match="header allocator 'buddy'"):
+        next(replay_events(path))
+
+
+def test_the_telemetry_handles_every_event_kind():
+    tel = PoolTelemetry(4, 2)
+    assert set(tel._HANDLERS) == set(EVENT_TYPES.values())
 
 
 def test_record_and_replay_from_the_command_line(tmp_path, capsys):

@@ -13,7 +13,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kv_checks import assert_telemetry_matches
 
 from engine.kv.block_manager import BlockManager
-from engine.kv.events import EventLog, KVEvent
+from engine.kv.events import (
+    EventLog,
+    SequenceAdded,
+    SequenceFinished,
+    StepProgress,
+    event_from_json,
+    event_to_json,
+)
 from engine.kv.telemetry import PoolTelemetry
 
 
@@ -303,7 +310,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.events.subscribe(self.telemetry)
         # A second observer fed through the JSON form of every event: what a replay sees.
         self.replayed = PoolTelemetry(num_blocks, block_size)
-        self.events.subscribe(lambda e: self.replayed(KVEvent.from_json(e.to_json())))
+        self.events.subscribe(lambda e: self.replayed(event_from_json(event_to_json(e))))
         self.bm = BlockManager(
             num_blocks, block_size, enable_prefix_caching=True, events=self.events
         )
@@ -318,11 +325,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             block = self.content.setdefault(table[p // self.bs], [None] * self.bs)
             block[p % self.bs] = tuple(tokens[: p + 1])
         self.bm.cache_full_blocks(seq_id, tokens, len(tokens))
-        self.events.emit("progress", lens=[(seq_id, len(tokens), len(tokens))])
+        self.events.emit(StepProgress, lens=((seq_id, len(tokens), len(tokens)),))
 
     def _add(self, seq_id: int, num_tokens: int) -> None:
         self.events.emit(
-            "add", seq_id, request_id=f"r/{seq_id}", sample=0, num_prompt_tokens=num_tokens
+            SequenceAdded, seq_id, request_id=f"r/{seq_id}", sample=0, num_prompt_tokens=num_tokens
         )
 
     def _pick(self, data) -> int:
@@ -383,7 +390,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def free(self, data):
         seq_id = self._pick(data)
         self.bm.free(seq_id)
-        self.events.emit("finish", seq_id)
+        self.events.emit(SequenceFinished, seq_id=seq_id, reason="stop")
         del self.seqs[seq_id]
 
     @invariant()

@@ -4,6 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.kv.block_manager import BlockManager
+from engine.kv.events import EventLog, SequencePreempted
 from engine.outputs import RequestMetrics
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -33,7 +34,7 @@ def _run_step(sched: Scheduler, finished: list[Sequence]) -> list[tuple[Sequence
 
 def test_long_prompt_is_chunked_and_decodes_keep_running():
     bm = BlockManager(64, 16)
-    sched = Scheduler(bm, max_num_seqs=8, max_batched_tokens=32)
+    sched = Scheduler(bm, bm.events, max_num_seqs=8, max_batched_tokens=32)
     short = _seq(4, max_tokens=10)
     sched.add(short)
     _run_step(sched, [])
@@ -47,8 +48,9 @@ def test_long_prompt_is_chunked_and_decodes_keep_running():
 
 
 def test_newest_sequence_is_preempted_and_requeued_first():
-    bm = BlockManager(4, 4)  # 16 slots
-    sched = Scheduler(bm, max_num_seqs=8, max_batched_tokens=64)
+    events = EventLog()
+    bm = BlockManager(4, 4, events=events)  # 16 slots
+    sched = Scheduler(bm, events, max_num_seqs=8, max_batched_tokens=64)
     old, new = _seq(7, max_tokens=20), _seq(7, max_tokens=20)
     sched.add(old)
     sched.add(new)
@@ -56,7 +58,8 @@ def test_newest_sequence_is_preempted_and_requeued_first():
     while new.status is not SequenceStatus.PREEMPTED:
         _run_step(sched, finished)
     assert sched.waiting[0] is new and new.num_computed_tokens == 0
-    assert sched.num_preemptions == 1
+    preempted = [e.seq_id for e in events.recent() if isinstance(e, SequencePreempted)]
+    assert preempted == [new.seq_id]
     assert bm.table(new.seq_id) == []
     bm.check_invariants()
 
@@ -73,7 +76,7 @@ def test_every_request_finishes_and_all_blocks_return(
     num_blocks, block_size, prompts, max_num_seqs, budget
 ):
     bm = BlockManager(num_blocks, block_size)
-    sched = Scheduler(bm, max_num_seqs, budget)
+    sched = Scheduler(bm, bm.events, max_num_seqs, budget)
     pool_tokens = num_blocks * block_size
     seqs = []
     for prompt_len, max_tokens in prompts:

@@ -20,11 +20,17 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from engine.kv.events import EventLog
-
-
-class NoFreeBlocksError(RuntimeError):
-    """Raised when an allocation is attempted without checking capacity first."""
+from engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch, check_pool_size
+from engine.kv.events import (
+    BlockCopiedOnWrite,
+    BlockEvicted,
+    BlocksAllocated,
+    BlocksFreed,
+    BlocksHashed,
+    EventLog,
+    PrefixCacheHit,
+    SequenceForked,
+)
 
 
 @dataclass
@@ -38,13 +44,7 @@ class Block:
     parent_hash: int | None = None
 
 
-@dataclass(frozen=True)
-class PrefixMatch:
-    block_ids: list[int]
-    hashes: list[int]
-
-
-class BlockManager:
+class BlockManager(KVAllocator):
     def __init__(
         self,
         num_blocks: int,
@@ -53,8 +53,7 @@ class BlockManager:
         cache_salt: bytes = b"",
         events: EventLog | None = None,
     ) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        check_pool_size(num_blocks)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -66,11 +65,12 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         self.tables: dict[int, list[int]] = {}
         self._hashes: dict[int, list[int]] = {}  # seq_id -> hashes of its full, computed blocks
-        self.num_evictions = 0
-        self.num_cow_copies = 0
+        self._num_evictions = 0
+        self._num_cow_copies = 0
         self.peak_used_blocks = 0
-        # Observers (KVSnapshot telemetry, the contiguous shadow, recorders) follow this stream.
-        self.events = events
+        # Observers (KVSnapshot telemetry, the contiguous shadow, recorders) follow this stream;
+        # a manager built alone (tests) gets a log of its own.
+        self.events = events if events is not None else EventLog()
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -86,11 +86,22 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
 
+    @property
+    def num_evictions(self) -> int:
+        return self._num_evictions
+
+    @property
+    def num_cow_copies(self) -> int:
+        return self._num_cow_copies
+
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def table(self, seq_id: int) -> list[int]:
         return self.tables.get(seq_id, [])
+
+    def cached_block_tokens(self, block_id: int) -> tuple[int, ...] | None:
+        return self.blocks[block_id].token_ids
 
     def num_new_blocks_needed(self, seq_id: int, total_tokens: int) -> int:
         """Blocks to add so that `seq_id` has slots for `total_tokens` tokens."""
@@ -154,8 +165,8 @@ class BlockManager:
         self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks)
         self.tables[seq_id] = list(match.block_ids)
         self._hashes[seq_id] = list(match.hashes)
-        if self.events is not None and match.block_ids:
-            self.events.emit("cache_hit", seq_id, match.block_ids, 0)
+        if match.block_ids:
+            self.events.emit(PrefixCacheHit, seq_id=seq_id, blocks=tuple(match.block_ids))
 
     def cache_full_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
         """Hash the sequence's blocks that became full of computed tokens since the last call."""
@@ -177,8 +188,8 @@ class BlockManager:
                 block.block_hash, block.token_ids, block.parent_hash = h, tokens, parent
                 self.hash_to_block[h] = block.block_id
                 newly_hashed.append(block.block_id)
-        if self.events is not None and newly_hashed:
-            self.events.emit("hashed", seq_id, newly_hashed)
+        if newly_hashed:
+            self.events.emit(BlocksHashed, seq_id=seq_id, blocks=tuple(newly_hashed))
 
     # ---- mutations -----------------------------------------------------------------------
     def _take_free_block(self) -> Block:
@@ -190,9 +201,8 @@ class BlockManager:
         block = self.blocks[block_id]
         del self.hash_to_block[block.block_hash]
         block.block_hash = block.token_ids = block.parent_hash = None
-        self.num_evictions += 1
-        if self.events is not None:
-            self.events.emit("evict", -1, (block_id,))
+        self._num_evictions += 1
+        self.events.emit(BlockEvicted, block=block_id)
         return block
 
     def grow(
@@ -215,16 +225,22 @@ class BlockManager:
             private.ref_count = 1
             table[index] = private.block_id
             copies.append((shared.block_id, private.block_id))
-            self.num_cow_copies += 1
-            if self.events is not None:
-                self.events.emit("cow", seq_id, (shared.block_id, private.block_id), index)
+            self._num_cow_copies += 1
+            self.events.emit(
+                BlockCopiedOnWrite,
+                seq_id=seq_id,
+                index=index,
+                src=shared.block_id,
+                dst=private.block_id,
+            )
         start = len(table)
         for _ in range(self.num_new_blocks_needed(seq_id, total_tokens)):
             block = self._take_free_block()
             block.ref_count = 1
             table.append(block.block_id)
-        if self.events is not None and len(table) > start:
-            self.events.emit("alloc", seq_id, table[start:], start)
+        if len(table) > start:
+            new = tuple(table[start:])
+            self.events.emit(BlocksAllocated, seq_id=seq_id, blocks=new, start=start)
         return copies
 
     def fork(self, parent_id: int, child_id: int) -> None:
@@ -235,15 +251,14 @@ class BlockManager:
             self.blocks[block_id].ref_count += 1
         self.tables[child_id] = list(table)
         self._hashes[child_id] = list(self._hashes.get(parent_id, []))
-        if self.events is not None:
-            self.events.emit("fork", child_id, table, 0, parent=parent_id)
+        self.events.emit(SequenceForked, seq_id=child_id, parent=parent_id, blocks=tuple(table))
 
     def free(self, seq_id: int) -> list[int]:
         """Drop the sequence's table; blocks whose ref count hits zero return to a free list."""
         table = self.tables.pop(seq_id, [])
         self._hashes.pop(seq_id, None)
-        if self.events is not None and table:
-            self.events.emit("free", seq_id, table, 0)
+        if table:
+            self.events.emit(BlocksFreed, seq_id=seq_id, blocks=tuple(table))
         released = []
         # Tail blocks first, so eviction takes a sequence's end before its shared start.
         for block_id in reversed(table):

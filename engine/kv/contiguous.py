@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.kv.block_manager import NoFreeBlocksError, PrefixMatch
-from engine.kv.events import EventLog
+from engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch, check_pool_size
+from engine.kv.events import BlocksAllocated, BlocksFreed, BlocksReserved, EventLog
 
 
 def first_fit(reserved: np.ndarray, length: int) -> int | None:
@@ -27,13 +27,8 @@ def first_fit(reserved: np.ndarray, length: int) -> int | None:
     return int(starts[fits[0]]) if fits.size else None
 
 
-class ContiguousBlockManager:
-    """Same interface as BlockManager, contiguous max-length reservations underneath."""
-
-    enable_prefix_caching = False
-    num_cached_blocks = 0
-    num_evictions = 0
-    num_cow_copies = 0
+class ContiguousBlockManager(KVAllocator):
+    """The KVAllocator of BlockManager, contiguous max-length reservations underneath."""
 
     def __init__(
         self,
@@ -42,8 +37,7 @@ class ContiguousBlockManager:
         max_seq_len: int,
         events: EventLog | None = None,
     ) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        check_pool_size(num_blocks)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.reservation_blocks = self.blocks_for_tokens(max_seq_len)
@@ -56,7 +50,7 @@ class ContiguousBlockManager:
         self.reservations: dict[int, int] = {}  # seq_id -> first block of its run
         self.tables: dict[int, list[int]] = {}
         self.peak_used_blocks = 0
-        self.events = events
+        self.events = events if events is not None else EventLog()
 
     @property
     def num_free_blocks(self) -> int:
@@ -67,11 +61,27 @@ class ContiguousBlockManager:
         """Reserved blocks count as used: nobody else can have them."""
         return len(self.reservations) * self.reservation_blocks
 
+    # No prefix cache and no sharing: nothing is ever cached, evicted or copied.
+    @property
+    def num_cached_blocks(self) -> int:
+        return 0
+
+    @property
+    def num_evictions(self) -> int:
+        return 0
+
+    @property
+    def num_cow_copies(self) -> int:
+        return 0
+
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def table(self, seq_id: int) -> list[int]:
         return self.tables.get(seq_id, [])
+
+    def cached_block_tokens(self, block_id: int) -> tuple[int, ...] | None:
+        return None
 
     # ---- admission -----------------------------------------------------------------------
     def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
@@ -91,8 +101,8 @@ class ContiguousBlockManager:
         self.reservations[seq_id] = start
         self.tables[seq_id] = []
         self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks)
-        if self.events is not None:
-            self.events.emit("reserve", seq_id, range(start, start + self.reservation_blocks), 0)
+        blocks = tuple(range(start, start + self.reservation_blocks))
+        self.events.emit(BlocksReserved, seq_id=seq_id, blocks=blocks)
 
     def cache_full_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
         """No prefix cache in the naive allocator."""
@@ -115,8 +125,8 @@ class ContiguousBlockManager:
         start = self.reservations[seq_id]
         old = len(table)
         table.extend(range(start + old, start + needed))
-        if self.events is not None and needed > old:
-            self.events.emit("alloc", seq_id, table[old:], old)
+        if needed > old:
+            self.events.emit(BlocksAllocated, seq_id=seq_id, blocks=tuple(table[old:]), start=old)
         return []
 
     def fork(self, parent_id: int, child_id: int) -> None:
@@ -127,8 +137,7 @@ class ContiguousBlockManager:
         table = self.tables.pop(seq_id, [])
         if start is None:
             return []
-        if self.events is not None:
-            self.events.emit("free", seq_id, table, 0)
+        self.events.emit(BlocksFreed, seq_id=seq_id, blocks=tuple(table))
         self.reserved[start : start + self.reservation_blocks] = False
         return list(range(start, start + self.reservation_blocks))
 

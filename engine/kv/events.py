@@ -1,71 +1,183 @@
-"""The allocator's event stream: every change to the KV pool, in order, with step and time.
+"""The allocator's event stream: every change to the KV pool, in order, as typed, frozen records.
 
 The block manager and the scheduler emit; observers (the pool telemetry behind KVSnapshot, the
-contiguous shadow, a recorder writing a session file) listen. The log itself keeps only the most
-recent events, so a long session cannot grow memory without bound.
+contiguous shadow, a recorder writing a session file) listen and dispatch on the event's class,
+so a misspelt kind is an import error, never a run-time surprise. The log stamps every event with
+the engine step it belongs to and the wall time, and keeps only the most recent ones, so a long
+session cannot grow memory without bound.
+
+Session file format, version 2 (`FORMAT_VERSION`): UTF-8 JSON lines.
+
+- Line 1, the header: an object `{"kvscope_events": 2, "num_blocks": int, "block_size": int,
+  "allocator": "paged" | "contiguous", "max_seq_len": int, "model": str, "cached_blocks":
+  [block ids holding a cached prefix when recording began], "counters": {cumulative
+  PoolCounters fields so far}}`.
+- Every further line, one event: `{"kind": tag, "step": int, "time": float, ...}` whose other
+  keys are exactly the fields of the tag's class below. Lists stand for tuples; every int is >= 0.
+
+  kind                fields (besides step, time)            meaning
+  sequence_added      seq_id, request_id: str, sample,       a sample exists; it waits
+                      num_prompt_tokens
+  sequence_admitted   seq_id, query_tokens, hit_tokens,      running; hit_tokens came from
+                      first: bool                            the prefix cache
+  blocks_reserved     seq_id, blocks                         a contiguous reservation
+  blocks_allocated    seq_id, blocks, start                  table[start:] = blocks
+  prefix_cache_hit    seq_id, blocks                         the table starts with blocks
+  blocks_hashed       seq_id, blocks                         they now hold a cached prefix
+  block_evicted       block                                  its cached prefix was dropped
+  block_copied        seq_id, index, src, dst                copy-on-write of table[index]
+  sequence_forked     seq_id, parent, blocks                 the child shares the parent's
+  blocks_freed        seq_id, blocks                         the table was dropped
+  sequence_preempted  seq_id                                 blocks taken back; waits again
+  sequence_finished   seq_id, reason: str | null             done or aborted
+  step_progress       lens: [[seq_id, num_tokens,            end of a step: how far each
+                      num_computed_tokens], ...]             sequence got
+
+`read_events` checks the version and every line: a JSON object of a known kind with exactly its
+fields, each of its type; anything else is a ValueError naming the line and the problem.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import types
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar, get_args, get_type_hints
 
-# What happened. Block-level: alloc, free, fork, cow, cache_hit, hashed, evict, reserve.
-# Sequence-level: add (queued), admit, preempt, finish, progress (lengths after a step).
-EVENT_KINDS = (
-    "add",
-    "admit",
-    "alloc",
-    "reserve",
-    "cache_hit",
-    "hashed",
-    "evict",
-    "cow",
-    "fork",
-    "free",
-    "preempt",
-    "finish",
-    "progress",
-)
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
 class KVEvent:
+    """What every event carries: the engine step it belongs to and its wall time."""
+
+    kind: ClassVar[str]
     step: int
     time: float
-    kind: str
-    seq_id: int = -1
-    blocks: tuple[int, ...] = ()
-    index: int = -1  # logical index of blocks[0] in the sequence's table, where that matters
-    data: dict = field(default_factory=dict)  # small JSON-able details (request id, lengths...)
 
-    def to_json(self) -> str:
-        return json.dumps(
-            [
-                self.step,
-                self.time,
-                self.kind,
-                self.seq_id,
-                list(self.blocks),
-                self.index,
-                self.data,
-            ],
-            separators=(",", ":"),
-        )
 
-    @classmethod
-    def from_json(cls, line: str) -> KVEvent:
-        step, t, kind, seq_id, blocks, index, data = json.loads(line)
-        if kind not in EVENT_KINDS:
-            raise ValueError(f"unknown KV event kind {kind!r}")
-        return cls(step, t, kind, seq_id, tuple(blocks), index, data)
+@dataclass(frozen=True, slots=True)
+class SequenceAdded(KVEvent):
+    kind: ClassVar[str] = "sequence_added"
+    seq_id: int
+    request_id: str
+    sample: int  # index within its request (n > 1)
+    num_prompt_tokens: int
 
+
+@dataclass(frozen=True, slots=True)
+class SequenceAdmitted(KVEvent):
+    kind: ClassVar[str] = "sequence_admitted"
+    seq_id: int
+    query_tokens: int  # tokens looked up in the prefix cache
+    hit_tokens: int  # of which served from it
+    first: bool  # first admission (not a re-admission after preemption)
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksReserved(KVEvent):
+    kind: ClassVar[str] = "blocks_reserved"
+    seq_id: int
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksAllocated(KVEvent):
+    kind: ClassVar[str] = "blocks_allocated"
+    seq_id: int
+    blocks: tuple[int, ...]
+    start: int  # logical index of blocks[0] in the sequence's table
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheHit(KVEvent):
+    kind: ClassVar[str] = "prefix_cache_hit"
+    seq_id: int
+    blocks: tuple[int, ...]  # the start of the sequence's table
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksHashed(KVEvent):
+    kind: ClassVar[str] = "blocks_hashed"
+    seq_id: int
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEvicted(KVEvent):
+    kind: ClassVar[str] = "block_evicted"
+    block: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCopiedOnWrite(KVEvent):
+    kind: ClassVar[str] = "block_copied"
+    seq_id: int
+    index: int  # logical index in the sequence's table
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceForked(KVEvent):
+    kind: ClassVar[str] = "sequence_forked"
+    seq_id: int  # the child
+    parent: int
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksFreed(KVEvent):
+    kind: ClassVar[str] = "blocks_freed"
+    seq_id: int
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SequencePreempted(KVEvent):
+    kind: ClassVar[str] = "sequence_preempted"
+    seq_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceFinished(KVEvent):
+    kind: ClassVar[str] = "sequence_finished"
+    seq_id: int
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepProgress(KVEvent):
+    kind: ClassVar[str] = "step_progress"
+    lens: tuple[tuple[int, int, int], ...]  # (seq_id, num_tokens, num_computed_tokens)
+
+
+EVENT_TYPES: dict[str, type[KVEvent]] = {
+    cls.kind: cls
+    for cls in (
+        SequenceAdded,
+        SequenceAdmitted,
+        BlocksReserved,
+        BlocksAllocated,
+        PrefixCacheHit,
+        BlocksHashed,
+        BlockEvicted,
+        BlockCopiedOnWrite,
+        SequenceForked,
+        BlocksFreed,
+        SequencePreempted,
+        SequenceFinished,
+        StepProgress,
+    )
+}
 
 Listener = Callable[[KVEvent], None]
+P = ParamSpec("P")
+E = TypeVar("E", bound=KVEvent)
 
 
 class EventLog:
@@ -81,14 +193,15 @@ class EventLog:
         self.total = 0  # events ever emitted, including those the bounded log has dropped
 
     def emit(
-        self,
-        kind: str,
-        seq_id: int = -1,
-        blocks: Iterable[int] = (),
-        index: int = -1,
-        **data,
-    ) -> None:
-        event = KVEvent(self.step, time.time(), kind, seq_id, tuple(blocks), index, data)
+        self, kind: Callable[Concatenate[int, float, P], E], *args: P.args, **kwargs: P.kwargs
+    ) -> E:
+        """Build a `kind` event of the current step, stamped now, and publish it."""
+        event = kind(self.step, time.time(), *args, **kwargs)
+        self.publish(event)
+        return event
+
+    def publish(self, event: KVEvent) -> None:
+        """Log and fan out an event as it is (an observer forwarding another log's event)."""
         self.events.append(event)
         self.total += 1
         for listener in self.listeners:
@@ -105,30 +218,112 @@ class EventLog:
         return events if n is None else events[-n:]
 
 
+# ---- the session file --------------------------------------------------------------------------
+def event_to_json(event: KVEvent) -> str:
+    record = {"kind": event.kind, **{f.name: getattr(event, f.name) for f in fields(event)}}
+    return json.dumps(record, separators=(",", ":"))
+
+
+# Field name -> type of every kind, resolved once.
+_FIELD_TYPES: dict[type[KVEvent], dict[str, Any]] = {
+    cls: {f.name: get_type_hints(cls)[f.name] for f in fields(cls)} for cls in EVENT_TYPES.values()
+}
+
+
+def event_from_json(line: str) -> KVEvent:
+    """Parse one event line; ValueError says what is wrong with it."""
+    record = json.loads(line)
+    if not isinstance(record, dict):
+        raise ValueError(f"an event is a JSON object, got {type(record).__name__}")
+    kind = record.pop("kind", None)
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown KV event kind {kind!r}")
+    types_ = _FIELD_TYPES[cls]
+    missing, extra = types_.keys() - record.keys(), record.keys() - types_.keys()
+    if missing:
+        raise ValueError(f"{kind} event lacks fields {sorted(missing)}")
+    if extra:
+        raise ValueError(f"{kind} event has unknown fields {sorted(extra)}")
+    values = {name: _decode(record[name], hint, f"{kind}.{name}") for name, hint in types_.items()}
+    return cls(**values)
+
+
+def _decode(value: Any, hint: Any, where: str) -> Any:
+    """`value` as JSON gives it, checked against (and converted to) the field type `hint`."""
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif hint is str:
+        ok = isinstance(value, str)
+    elif isinstance(hint, types.UnionType):  # only `str | None` so far
+        if value is None:
+            return None
+        return _decode(value, next(a for a in get_args(hint) if a is not type(None)), where)
+    else:  # tuple[X, ...] or a fixed tuple[X, Y, Z]
+        args = get_args(hint)
+        homogeneous = len(args) == 2 and args[1] is Ellipsis
+        ok = isinstance(value, list) and (homogeneous or len(value) == len(args))
+        if ok:
+            item_types = [args[0]] * len(value) if homogeneous else args
+            return tuple(_decode(v, t, where) for v, t in zip(value, item_types, strict=True))
+    if not ok:
+        raise ValueError(f"{where} must be {_type_name(hint)}, got {value!r}")
+    return value
+
+
+def _type_name(hint: Any) -> str:
+    return {bool: "a bool", int: "an int >= 0", float: "a number", str: "a string"}.get(
+        hint, f"a list ({hint})"
+    )
+
+
 class EventRecorder:
     """Writes every event of a session to a JSON-lines file: a header line, then one per event."""
 
     def __init__(self, path: str | Path, header: dict) -> None:
         self.path = Path(path)
         self._file = self.path.open("w", encoding="utf-8")
-        self._file.write(json.dumps({"kvscope_events": 1, **header}) + "\n")
+        self._file.write(json.dumps({"kvscope_events": FORMAT_VERSION, **header}) + "\n")
 
     def __call__(self, event: KVEvent) -> None:
-        self._file.write(event.to_json() + "\n")
+        self._file.write(event_to_json(event) + "\n")
 
     def close(self) -> None:
         self._file.close()
 
 
 def read_events(path: str | Path) -> tuple[dict, Iterator[KVEvent]]:
-    """The header and the events of a file written by EventRecorder."""
+    """The header and the events of a file written by EventRecorder (events parsed lazily)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"KV event file {path} does not exist")
     lines = path.read_text(encoding="utf-8").splitlines()
     if not lines:
         raise ValueError(f"KV event file {path} is empty")
-    header = json.loads(lines[0])
-    if header.get("kvscope_events") != 1:
-        raise ValueError(f"{path} is not a KVScope event file (bad header)")
-    return header, (KVEvent.from_json(line) for line in lines[1:] if line)
+    try:
+        header = json.loads(lines[0])
+    except ValueError as e:
+        raise ValueError(f"{path}:1: not a KVScope event file (bad header): {e}") from e
+    if not isinstance(header, dict) or "kvscope_events" not in header:
+        raise ValueError(f"{path}:1: not a KVScope event file (bad header)")
+    if header["kvscope_events"] != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}:1: event format version {header['kvscope_events']!r}; "
+            f"this KVScope reads version {FORMAT_VERSION}"
+        )
+    return header, _parse_lines(path, lines)
+
+
+def _parse_lines(path: Path, lines: list[str]) -> Iterator[KVEvent]:
+    for number, line in enumerate(lines[1:], start=2):
+        if not line:
+            continue
+        try:
+            yield event_from_json(line)
+        except ValueError as e:  # json.JSONDecodeError is one too
+            raise ValueError(f"{path}:{number}: {e}") from None

@@ -2,7 +2,7 @@
 
 An fp8 pool (float8_e4m3fn) stores K/V divided by a float32 scale per layer and KV head and holds
 twice the blocks of a 16-bit pool in the same bytes. The scales start at 1 and are set once, before
-serving, by `engine.kv.calibration.calibrate_kv_scales`.
+serving, by `engine.model.kv_calibration.calibrate_kv_scales`.
 """
 
 from __future__ import annotations

@@ -11,10 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Callable
+from typing import Any, ClassVar
 
-from engine.kv.block_manager import PrefixMatch
+from engine.kv.allocator import PrefixMatch
 from engine.kv.contiguous import ContiguousBlockManager
-from engine.kv.events import EventLog, KVEvent
+from engine.kv.events import (
+    EventLog,
+    KVEvent,
+    SequenceAdded,
+    SequenceAdmitted,
+    SequenceFinished,
+    SequenceForked,
+    SequencePreempted,
+    StepProgress,
+)
 from engine.kv.snapshot import KVSnapshot
 from engine.kv.telemetry import PoolTelemetry
 
@@ -38,30 +49,30 @@ class ContiguousShadow:
 
     def __call__(self, event: KVEvent) -> None:
         self.log.step = event.step
-        handler = getattr(self, f"_on_{event.kind}", None)
-        if handler is not None:
-            handler(event)
+        handler = self._HANDLERS.get(type(event))
+        if handler is not None:  # block-level events of the paged pool mean nothing here
+            handler(self, event)
 
-    def _on_add(self, e: KVEvent) -> None:
-        self.log.emit("add", e.seq_id, **e.data)
+    def _on_added(self, e: SequenceAdded) -> None:
+        self.log.publish(e)
 
-    def _on_admit(self, e: KVEvent) -> None:
+    def _on_admitted(self, e: SequenceAdmitted | SequenceForked) -> None:
         self.live_in_paged.add(e.seq_id)
         if e.seq_id not in self.placed and e.seq_id not in self.queue:
             self.queue.append(e.seq_id)
             self._place_waiting()
 
-    def _on_fork(self, e: KVEvent) -> None:
+    def _on_forked(self, e: SequenceForked) -> None:
         # No sharing in the naive scheme: a forked sample needs its own reservation.
-        self.computed[e.seq_id] = self.computed.get(e.data["parent"], 0)
-        self._on_admit(e)
+        self.computed[e.seq_id] = self.computed.get(e.parent, 0)
+        self._on_admitted(e)
 
-    def _on_preempt(self, e: KVEvent) -> None:
+    def _on_preempted(self, e: SequencePreempted) -> None:
         self.live_in_paged.discard(e.seq_id)
 
-    def _on_progress(self, e: KVEvent) -> None:
+    def _on_progress(self, e: StepProgress) -> None:
         lens = []
-        for seq_id, num_tokens, num_computed in e.data["lens"]:
+        for seq_id, num_tokens, num_computed in e.lens:
             # A preempted-and-recomputed sequence never lost its K/V here: keep the maximum.
             computed = max(num_computed, self.computed.get(seq_id, 0))
             computed = min(computed, self.capacity)  # an observer must never fail a step
@@ -71,9 +82,9 @@ class ContiguousShadow:
                 lens.append((seq_id, num_tokens, computed))
             else:
                 lens.append((seq_id, num_tokens, 0))
-        self.log.emit("progress", lens=lens)
+        self.log.emit(StepProgress, lens=tuple(lens))
 
-    def _on_finish(self, e: KVEvent) -> None:
+    def _on_finished(self, e: SequenceFinished) -> None:
         self.live_in_paged.discard(e.seq_id)
         self.computed.pop(e.seq_id, None)
         if e.seq_id in self.placed:
@@ -81,7 +92,7 @@ class ContiguousShadow:
             self.bm.free(e.seq_id)
         elif e.seq_id in self.queue:
             self.queue.remove(e.seq_id)
-        self.log.emit("finish", e.seq_id, **e.data)
+        self.log.publish(e)
         self._place_waiting()
 
     def _place_waiting(self) -> None:
@@ -91,9 +102,18 @@ class ContiguousShadow:
             self.bm.adopt(seq_id, _NO_MATCH)
             self.placed.add(seq_id)
             computed = self.computed.get(seq_id, 0)
-            self.log.emit("admit", seq_id, query_tokens=0, hit_tokens=0, first=True)
+            self.log.emit(SequenceAdmitted, seq_id=seq_id, query_tokens=0, hit_tokens=0, first=True)
             if computed:
                 self.bm.grow(seq_id, computed)
+
+    _HANDLERS: ClassVar[dict[type[KVEvent], Callable[[ContiguousShadow, Any], None]]] = {
+        SequenceAdded: _on_added,
+        SequenceAdmitted: _on_admitted,
+        SequenceForked: _on_forked,
+        SequencePreempted: _on_preempted,
+        StepProgress: _on_progress,
+        SequenceFinished: _on_finished,
+    }
 
     @property
     def num_would_wait(self) -> int:

@@ -8,11 +8,28 @@ after every step. `snapshot()` copies its arrays, which keeps it cheap at 100,00
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
-from engine.kv.events import KVEvent
+from engine.kv.events import (
+    BlockCopiedOnWrite,
+    BlockEvicted,
+    BlocksAllocated,
+    BlocksFreed,
+    BlocksHashed,
+    BlocksReserved,
+    KVEvent,
+    PrefixCacheHit,
+    SequenceAdded,
+    SequenceAdmitted,
+    SequenceFinished,
+    SequenceForked,
+    SequencePreempted,
+    StepProgress,
+)
 from engine.kv.snapshot import BlockState, KVSnapshot, PoolMetrics, SequenceInfo, free_runs
 
 
@@ -44,6 +61,16 @@ class SequenceTrack:
         )
 
 
+@dataclass
+class PoolCounters:
+    """Cumulative counts of the pool's traffic. The telemetry owns them (it sees every event);
+    `stats()` and the snapshot's metrics both read them from here."""
+
+    num_preemptions: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+
+
 class PoolTelemetry:
     def __init__(self, num_blocks: int, block_size: int, allocator: str = "paged") -> None:
         self.num_blocks = num_blocks
@@ -56,55 +83,45 @@ class PoolTelemetry:
         self.has_hash = np.zeros(num_blocks, dtype=bool)
         self.seqs: dict[int, SequenceTrack] = {}
         self.step = 0
-        self.num_preemptions = 0
-        self.prefix_query_tokens = 0
-        self.prefix_hit_tokens = 0
-
-    def counters(self) -> dict[str, int]:
-        return {
-            "num_preemptions": self.num_preemptions,
-            "prefix_query_tokens": self.prefix_query_tokens,
-            "prefix_hit_tokens": self.prefix_hit_tokens,
-        }
+        self.counters = PoolCounters()
 
     # ---- event handling ------------------------------------------------------------------
     def __call__(self, event: KVEvent) -> None:
         self.step = event.step
-        getattr(self, f"_on_{event.kind}")(event)
+        self._HANDLERS[type(event)](self, event)
 
-    def _on_add(self, e: KVEvent) -> None:
-        d = e.data
+    def _on_added(self, e: SequenceAdded) -> None:
         self.seqs[e.seq_id] = SequenceTrack(
-            d["request_id"], d["sample"], d["num_prompt_tokens"], d["num_prompt_tokens"]
+            e.request_id, e.sample, e.num_prompt_tokens, e.num_prompt_tokens
         )
 
-    def _on_admit(self, e: KVEvent) -> None:
+    def _on_admitted(self, e: SequenceAdmitted) -> None:
         track = self.seqs[e.seq_id]
         track.status = "running"
-        if e.data["first"]:
-            track.num_cached_tokens = e.data["hit_tokens"]
-        track.num_computed_tokens = e.data["hit_tokens"]
-        self.prefix_query_tokens += e.data["query_tokens"]
-        self.prefix_hit_tokens += e.data["hit_tokens"]
+        if e.first:
+            track.num_cached_tokens = e.hit_tokens
+        track.num_computed_tokens = e.hit_tokens
+        self.counters.prefix_query_tokens += e.query_tokens
+        self.counters.prefix_hit_tokens += e.hit_tokens
 
-    def _on_reserve(self, e: KVEvent) -> None:
+    def _on_reserved(self, e: BlocksReserved) -> None:
         blocks = np.asarray(e.blocks, dtype=np.int64)
         self.state[blocks] = BlockState.RESERVED
         self.owner[blocks] = e.seq_id
         self.logical_index[blocks] = np.arange(len(blocks))
         self.seqs[e.seq_id].reserved = e.blocks
 
-    def _on_alloc(self, e: KVEvent) -> None:
+    def _on_allocated(self, e: BlocksAllocated) -> None:
         blocks = np.asarray(e.blocks, dtype=np.int64)
         self.state[blocks] = BlockState.USED
         self.ref_count[blocks] = 1
         self.owner[blocks] = e.seq_id
-        self.logical_index[blocks] = np.arange(e.index, e.index + len(blocks))
+        self.logical_index[blocks] = np.arange(e.start, e.start + len(blocks))
         table = self.seqs[e.seq_id].table
-        del table[e.index :]
+        del table[e.start :]
         table.extend(e.blocks)
 
-    def _on_cache_hit(self, e: KVEvent) -> None:
+    def _on_cache_hit(self, e: PrefixCacheHit) -> None:
         for i, b in enumerate(e.blocks):
             if self.ref_count[b] == 0:
                 self.state[b] = BlockState.USED
@@ -113,16 +130,15 @@ class PoolTelemetry:
             self.ref_count[b] += 1
         self.seqs[e.seq_id].table = list(e.blocks)
 
-    def _on_hashed(self, e: KVEvent) -> None:
+    def _on_hashed(self, e: BlocksHashed) -> None:
         self.has_hash[list(e.blocks)] = True
 
-    def _on_evict(self, e: KVEvent) -> None:
-        (b,) = e.blocks
-        self.has_hash[b] = False
-        self.state[b] = BlockState.FREE
+    def _on_evicted(self, e: BlockEvicted) -> None:
+        self.has_hash[e.block] = False
+        self.state[e.block] = BlockState.FREE
 
-    def _on_cow(self, e: KVEvent) -> None:
-        src, dst = e.blocks
+    def _on_copied(self, e: BlockCopiedOnWrite) -> None:
+        src, dst = e.src, e.dst
         self.seqs[e.seq_id].table[e.index] = dst
         self.ref_count[src] -= 1
         if self.owner[src] == e.seq_id:
@@ -132,16 +148,16 @@ class PoolTelemetry:
         self.owner[dst] = e.seq_id
         self.logical_index[dst] = e.index
 
-    def _on_fork(self, e: KVEvent) -> None:
+    def _on_forked(self, e: SequenceForked) -> None:
         self.ref_count[list(e.blocks)] += 1
         child = self.seqs[e.seq_id]
-        parent = self.seqs[e.data["parent"]]
+        parent = self.seqs[e.parent]
         child.table = list(e.blocks)
         child.status = "running"
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
 
-    def _on_free(self, e: KVEvent) -> None:
+    def _on_freed(self, e: BlocksFreed) -> None:
         track = self.seqs[e.seq_id]
         for i, b in enumerate(e.blocks):
             self.ref_count[b] -= 1
@@ -159,27 +175,44 @@ class PoolTelemetry:
             track.reserved = ()
         track.table = []
 
-    def _on_preempt(self, e: KVEvent) -> None:
+    def _on_preempted(self, e: SequencePreempted) -> None:
         track = self.seqs[e.seq_id]
         track.status = "preempted"
         track.num_computed_tokens = 0
-        self.num_preemptions += 1
+        self.counters.num_preemptions += 1
 
-    def _on_finish(self, e: KVEvent) -> None:
+    def _on_finished(self, e: SequenceFinished) -> None:
         track = self.seqs.get(e.seq_id)
         if track is not None:
             track.status = "finished"
             track.finished_step = e.step
 
-    def _on_progress(self, e: KVEvent) -> None:
+    def _on_progress(self, e: StepProgress) -> None:
         # Sequences finished in an earlier step leave the snapshot; this step's stay visible.
         for seq_id in [s for s, t in self.seqs.items() if t.finished_step not in (None, e.step)]:
             del self.seqs[seq_id]
-        for seq_id, num_tokens, num_computed in e.data["lens"]:
+        for seq_id, num_tokens, num_computed in e.lens:
             track = self.seqs.get(seq_id)
             if track is not None:
                 track.num_tokens = num_tokens
                 track.num_computed_tokens = num_computed
+
+    # One handler per event class; a class without one is a KeyError in every test.
+    _HANDLERS: ClassVar[dict[type[KVEvent], Callable[[PoolTelemetry, Any], None]]] = {
+        SequenceAdded: _on_added,
+        SequenceAdmitted: _on_admitted,
+        BlocksReserved: _on_reserved,
+        BlocksAllocated: _on_allocated,
+        PrefixCacheHit: _on_cache_hit,
+        BlocksHashed: _on_hashed,
+        BlockEvicted: _on_evicted,
+        BlockCopiedOnWrite: _on_copied,
+        SequenceForked: _on_forked,
+        BlocksFreed: _on_freed,
+        SequencePreempted: _on_preempted,
+        SequenceFinished: _on_finished,
+        StepProgress: _on_progress,
+    }
 
     def _reassign_owner(self, block: int, index: int, leaving: int) -> None:
         # A shared block sits at the same logical index in every table holding it (prefix
@@ -232,6 +265,7 @@ class PoolTelemetry:
         largest_run, num_runs = free_runs(state)
         statuses = [t.status for t in self.seqs.values()]
         num_preempted = statuses.count("preempted")
+        counters = self.counters
         metrics = PoolMetrics(
             blocks_total=self.num_blocks,
             blocks_used=used,
@@ -243,17 +277,17 @@ class PoolTelemetry:
             slots_held=slots_held,
             useful_slot_share=tokens_stored / slots_held if slots_held else 1.0,
             internal_waste_slots=slots_held - tokens_stored,
-            prefix_query_tokens=self.prefix_query_tokens,
-            prefix_hit_tokens=self.prefix_hit_tokens,
+            prefix_query_tokens=counters.prefix_query_tokens,
+            prefix_hit_tokens=counters.prefix_hit_tokens,
             prefix_hit_rate=(
-                self.prefix_hit_tokens / self.prefix_query_tokens
-                if self.prefix_query_tokens
+                counters.prefix_hit_tokens / counters.prefix_query_tokens
+                if counters.prefix_query_tokens
                 else 0.0
             ),
             num_running=statuses.count("running"),
             num_waiting=statuses.count("waiting") + num_preempted,
             num_preempted=num_preempted,
-            num_preemptions=self.num_preemptions,
+            num_preemptions=counters.num_preemptions,
             largest_free_run=largest_run,
             num_free_runs=num_runs,
         )

@@ -1,0 +1,87 @@
+"""What an engine shows of itself: `stats()` and the contents of one block.
+
+Read-only views over the engine's parts, kept apart from the request path. Counters come from one
+owner each: the pool telemetry for traffic (preemptions, prefix-cache queries and hits, the same
+numbers the snapshot reports), the allocator for occupancy, the scheduler for concurrency.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.kv.snapshot import BlockState
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
+    from engine.sequence import Sequence
+
+
+def engine_stats(engine: LLMEngine) -> dict:
+    bm = engine.block_manager
+    counters = engine.observers.counters
+    return {
+        "kv_block_size": bm.block_size,
+        "kv_blocks_total": bm.num_blocks,
+        "kv_blocks_used": bm.num_used_blocks,
+        "kv_blocks_free": bm.num_free_blocks,
+        "kv_blocks_cached": bm.num_cached_blocks,
+        "kv_blocks_peak": bm.peak_used_blocks,
+        # Physical slots holding K/V: a block shared by several sequences counts once.
+        "kv_tokens_stored": engine.observers.telemetry.tokens_stored(),
+        "kv_cache_bytes": engine.kv_cache.nbytes,
+        "num_running": len(engine.scheduler.running),
+        "num_waiting": len(engine.scheduler.waiting),
+        "num_preemptions": counters.num_preemptions,
+        "peak_num_running": engine.scheduler.peak_num_running,
+        "prefix_cache_query_tokens": counters.prefix_query_tokens,
+        "prefix_cache_hit_tokens": counters.prefix_hit_tokens,
+        "prefix_cache_evictions": bm.num_evictions,
+        "kv_cow_copies": bm.num_cow_copies,
+        "max_model_len": engine.max_model_len,
+        "num_steps": engine.num_steps,
+        "allocator": engine.config.allocator,
+        "kv_cache_dtype": str(engine.config.kv_torch_dtype).removeprefix("torch."),
+        "weight_bytes": engine.weight_bytes,
+        "weight_format": engine.weight_format["format"],
+        "weight_layout": engine.weight_format["layout"],
+        "dtype": str(engine.model.dtype).removeprefix("torch."),
+    }
+
+
+def block_contents(engine: LLMEngine, block_id: int) -> dict:
+    """What one physical block holds: its token ids and their text, and who holds it."""
+    bm = engine.block_manager
+    if not 0 <= block_id < bm.num_blocks:
+        raise ValueError(f"block id {block_id} is outside the pool [0, {bm.num_blocks})")
+    tel = engine.observers.telemetry
+    bs = bm.block_size
+    state = BlockState(int(tel.state[block_id]))
+    owners = [track.request_id for track in tel.seqs.values() if block_id in track.table]
+    token_ids: list[int] = []
+    owner = int(tel.owner[block_id])
+    index = int(tel.logical_index[block_id])
+    if state is BlockState.USED and owner >= 0:
+        seq = _live_sequence(engine, owner)
+        if seq is not None:
+            filled = min(bs, max(0, seq.num_computed_tokens - index * bs))
+            token_ids = seq.token_ids[index * bs : index * bs + filled]
+    elif state is BlockState.CACHED:
+        token_ids = list(bm.cached_block_tokens(block_id) or ())
+    return {
+        "block_id": block_id,
+        "state": state.name.lower(),
+        "owners": owners,
+        "logical_index": index,
+        "ref_count": int(tel.ref_count[block_id]),
+        "has_hash": bool(tel.has_hash[block_id]),
+        "token_ids": token_ids,
+        "text": engine.tokenizer.decode(token_ids) if token_ids else "",
+    }
+
+
+def _live_sequence(engine: LLMEngine, seq_id: int) -> Sequence | None:
+    for request in engine.requests.values():
+        for seq in request.sequences:
+            if seq.seq_id == seq_id:
+                return seq
+    return None

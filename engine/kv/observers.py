@@ -1,0 +1,65 @@
+"""PoolObservers: the event log of one engine's pool and everything that follows it.
+
+The snapshot telemetry (which also owns the pool's cumulative counters), the contiguous shadow
+(paged pools only) and, while a session is being recorded, the recorder. The engine hands
+`events` to its allocator and scheduler and reads snapshots and counters from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from engine.kv.events import EventLog, EventRecorder
+from engine.kv.shadow import ContiguousShadow
+from engine.kv.snapshot import KVSnapshot
+from engine.kv.telemetry import PoolCounters, PoolTelemetry
+
+
+class PoolObservers:
+    def __init__(self, num_blocks: int, block_size: int, allocator: str, max_seq_len: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.allocator = allocator
+        self.max_seq_len = max_seq_len
+        self.events = EventLog()
+        self.telemetry = PoolTelemetry(num_blocks, block_size, allocator)
+        self.events.subscribe(self.telemetry)
+        self.shadow: ContiguousShadow | None = None
+        if allocator == "paged":
+            self.shadow = ContiguousShadow(num_blocks, block_size, max_seq_len)
+            self.events.subscribe(self.shadow)
+        self._recorder: EventRecorder | None = None
+
+    @property
+    def counters(self) -> PoolCounters:
+        return self.telemetry.counters
+
+    def snapshot(self) -> KVSnapshot:
+        return self.telemetry.snapshot()
+
+    def shadow_snapshot(self) -> KVSnapshot | None:
+        return self.shadow.snapshot() if self.shadow is not None else None
+
+    def start_recording(self, path: str | Path, model: str) -> None:
+        """Write every event from now on to a session file that `replay_events` reads back.
+        The header carries what the pool holds already, so the replay starts where we are."""
+        self.stop_recording()
+        header = {
+            "num_blocks": self.num_blocks,
+            "block_size": self.block_size,
+            "allocator": self.allocator,
+            "max_seq_len": self.max_seq_len,
+            "model": model,
+            "cached_blocks": self.telemetry.has_hash.nonzero()[0].tolist(),
+            # Cumulative counters so far, so replayed metrics match the live ones exactly.
+            "counters": dataclasses.asdict(self.counters),
+        }
+        self._recorder = EventRecorder(path, header)
+        self.events.subscribe(self._recorder)
+
+    def stop_recording(self) -> None:
+        if self._recorder is not None:
+            self.events.unsubscribe(self._recorder)
+            self._recorder.close()
+            self._recorder = None
