@@ -5,30 +5,49 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import typing
+from dataclasses import Field
+
+from engine.config import KNOB, QUANTIZATIONS, EngineConfig, user_knobs
+
+
+def engine_knobs() -> list[Field]:
+    """EngineConfig's fields that `generate`, `chat` and `record` take as flags."""
+    return [f for f in user_knobs() if f.metadata[KNOB].cli]
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="GGUF file or HF model folder (default: bundled)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument(
-        "--quantization",
-        default="auto",
-        choices=("auto", "none", "int8", "int4"),
-        help="auto: keep a GGUF's own; none: dequantize; int8/int4: quantize at load",
-    )
+    hints = typing.get_type_hints(EngineConfig)
+    for f in engine_knobs():
+        knob = f.metadata[KNOB]
+        p.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=_flag_type(hints[f.name]),
+            default=f.default,
+            choices=knob.choices or None,
+            help=knob.help,
+        )
+
+
+def _flag_type(hint: object) -> type:
+    """int for `int | None`; str for a string or a path."""
+    kinds = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
+    return kinds[0] if len(kinds) == 1 else str
+
+
+# SamplingParams fields the terminal commands take, as (type, default): greedy unless told.
+SAMPLING_FLAGS = {
+    "max_tokens": (int, 256),
+    "temperature": (float, 0.0),
+    "top_p": (float, 1.0),
+    "top_k": (int, -1),
+    "seed": (int, None),
+}
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--seed", type=int, default=None)
+    for name, (kind, default) in SAMPLING_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default)
 
 
 def _byte_count(text: str) -> int:
@@ -58,7 +77,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quantization",
         default="auto",
-        choices=("auto", "none", "int8", "int4"),
+        choices=QUANTIZATIONS,
         help="how the engine would keep the weights (auto: a GGUF's own quantization)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

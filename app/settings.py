@@ -8,10 +8,12 @@ defaults and says so.
 
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from PySide6.QtCore import SignalInstance
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -27,20 +29,24 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import ALLOCATORS, BLOCK_SIZES, DTYPES, KV_DTYPES, QUANTIZATIONS, EngineConfig
+from engine.config import EngineConfig, knob_of, user_knobs
 
 OVERFLOW_POLICIES = {
     "stop": "Stop with a message",
     "drop_oldest": "Drop the oldest turns (keep the system prompt)",
 }
+# The devices the dialog offers; EngineConfig also takes "cuda:N".
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_CPU_KV_MIB = 256  # small enough that the block map stays readable
+KV_BUDGET_HELP = "the KV pool's size on a CPU; on CUDA, GPU memory utilization sizes it"
 
 
 @dataclass
 class EngineSettings:
     """Knobs whose change rebuilds the engine (the tokenizer is reused unless `model` changes;
-    weights are read from the file again)."""
+    weights are read from the file again). A field named like an EngineConfig knob is that knob
+    and reaches it by name; `kv_budget_mib` is the app's own (see engine_config). The names are
+    also the keys of the settings file, so they stay."""
 
     model: str | None = None  # None: the bundled default; else a .gguf file or an HF folder
     device: str = "auto"
@@ -55,40 +61,20 @@ class EngineSettings:
     allocator: str = "paged"
     quantization: str = "auto"  # auto: keep a GGUF's own; none; int8/int4 at load
 
-    def llm_kwargs(self) -> dict:
-        """Keyword arguments for `LLM(model=..., **kwargs)`."""
-        kwargs = {
-            "device": self.device,
-            "dtype": self.dtype,
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "block_size": self.block_size,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "max_model_len": self.max_model_len,
-            "max_num_seqs": self.max_num_seqs,
-            "enable_prefix_caching": self.enable_prefix_caching,
-            "allocator": self.allocator,
-            "quantization": self.quantization,
-        }
-        if self.engine_config().torch_device.type == "cpu":
-            kwargs["kv_cache_memory"] = self.kv_budget_mib << 20
-        return kwargs
-
     def engine_config(self) -> EngineConfig:
         """The EngineConfig these settings build; raises ValueError on a bad knob."""
-        kwargs = {
-            "device": self.device,
-            "dtype": self.dtype,
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "block_size": self.block_size,
-            "kv_cache_memory": self.kv_budget_mib << 20,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "max_model_len": self.max_model_len,
-            "max_num_seqs": self.max_num_seqs,
-            "enable_prefix_caching": self.enable_prefix_caching,
-            "allocator": self.allocator,
-            "quantization": self.quantization,
-        }
-        return EngineConfig(model=self.model, **kwargs)
+        shared = {f.name for f in fields(self)} & {f.name for f in user_knobs()}
+        config = EngineConfig(**{name: getattr(self, name) for name in shared})
+        if config.torch_device.type != "cpu":
+            return config
+        # A budget in MiB reads better than bytes in a dialog; on CUDA the pool is sized from
+        # gpu_memory_utilization instead, so kv_budget_mib applies on a CPU only.
+        return replace(config, kv_cache_memory=self.kv_budget_mib << 20)
+
+    def llm_kwargs(self) -> dict:
+        """Keyword arguments for `LLM(model=..., **kwargs)` that build `engine_config()`."""
+        config = self.engine_config()
+        return {f.name: getattr(config, f.name) for f in user_knobs() if f.name != "model"}
 
 
 @dataclass
@@ -188,24 +174,33 @@ class SettingsDialog(QDialog):
 
         self.picker = ModelPicker(es.model)
         self.device = _combo(DEVICES, es.device)
-        self.dtype = _combo(("auto", *DTYPES), es.dtype)
-        self.kv_dtype = _combo(KV_DTYPES, es.kv_cache_dtype)
-        self.block_size = _combo([str(b) for b in BLOCK_SIZES], str(es.block_size))
+        self.dtype = _combo(knob_of("dtype").choices, es.dtype)
+        self.kv_dtype = _combo(knob_of("kv_cache_dtype").choices, es.kv_cache_dtype)
+        self.block_size = _combo(knob_of("block_size").choices, es.block_size)
         self.kv_mib = QSpinBox(minimum=1, maximum=1 << 20, value=es.kv_budget_mib, suffix=" MiB")
         self.gpu_util = QDoubleSpinBox(
             minimum=0.05, maximum=1.0, singleStep=0.05, decimals=2, value=es.gpu_memory_utilization
         )
         self.max_len = QSpinBox(minimum=0, maximum=1 << 20, value=es.max_model_len or 0)
-        self.max_len.setSpecialValueText("model's own")
+        self.max_len.setSpecialValueText("model's own")  # 0 reads back as None
         self.max_seqs = QSpinBox(minimum=1, maximum=4096, value=es.max_num_seqs)
         self.prefix = QCheckBox("reuse cached prompt prefixes", checked=es.enable_prefix_caching)
-        self.allocator = _combo(ALLOCATORS, es.allocator)
-        self.quantization = _combo(QUANTIZATIONS, es.quantization)
-        self.quantization.setToolTip(
-            "auto: keep a GGUF file's own quantization (Q4_K_M stays 4-bit)\n"
-            "none: dequantize every weight to the weights dtype (exact, 4-8x the memory)\n"
-            "int8 / int4: quantize a float checkpoint's weights at load"
-        )
+        self.allocator = _combo(knob_of("allocator").choices, es.allocator)
+        self.quantization = _combo(knob_of("quantization").choices, es.quantization)
+        # EngineSettings field -> its row's label and widget, in the form's order.
+        self._engine_rows = {
+            "device": ("Device", self.device),
+            "dtype": ("Weights dtype", self.dtype),
+            "quantization": ("Weight quantization", self.quantization),
+            "kv_cache_dtype": ("KV cache dtype", self.kv_dtype),
+            "block_size": ("Block size (tokens)", self.block_size),
+            "kv_budget_mib": ("KV budget on CPU", self.kv_mib),
+            "gpu_memory_utilization": ("GPU memory utilization", self.gpu_util),
+            "max_model_len": ("Max model length", self.max_len),
+            "max_num_seqs": ("Max sequences", self.max_seqs),
+            "enable_prefix_caching": ("Prefix caching", self.prefix),
+            "allocator": ("Allocator", self.allocator),
+        }
         self.policy = QComboBox()
         for key, label in OVERFLOW_POLICIES.items():
             self.policy.addItem(label, key)
@@ -213,17 +208,11 @@ class SettingsDialog(QDialog):
 
         engine_box = QGroupBox("Engine")
         form = QFormLayout(engine_box)
-        form.addRow("Device", self.device)
-        form.addRow("Weights dtype", self.dtype)
-        form.addRow("Weight quantization", self.quantization)
-        form.addRow("KV cache dtype", self.kv_dtype)
-        form.addRow("Block size (tokens)", self.block_size)
-        form.addRow("KV budget on CPU", self.kv_mib)
-        form.addRow("GPU memory utilization", self.gpu_util)
-        form.addRow("Max model length", self.max_len)
-        form.addRow("Max sequences", self.max_seqs)
-        form.addRow("Prefix caching", self.prefix)
-        form.addRow("Allocator", self.allocator)
+        for name, (label, widget) in self._engine_rows.items():
+            help_text = KV_BUDGET_HELP if name == "kv_budget_mib" else knob_of(name).help
+            # As rich text, which Qt wraps; plain text would be one long line.
+            widget.setToolTip(f"<p>{html.escape(help_text, quote=False)}</p>")
+            form.addRow(label, widget)
         chat_box = QGroupBox("Conversations")
         chat_form = QFormLayout(chat_box)
         chat_form.addRow("When a chat outgrows the context", self.policy)
@@ -246,29 +235,14 @@ class SettingsDialog(QDialog):
         layout.addWidget(self.error)
         layout.addWidget(buttons)
 
-        combos = (self.device, self.dtype, self.kv_dtype, self.block_size, self.allocator)
-        for combo in (*combos, self.quantization):
-            combo.currentIndexChanged.connect(self._refresh_prediction)
-        for spin in (self.kv_mib, self.gpu_util, self.max_len, self.max_seqs):
-            spin.valueChanged.connect(self._refresh_prediction)
+        for _, widget in self._engine_rows.values():
+            _changed(widget).connect(self._refresh_prediction)
         self.picker.model_changed.connect(self._refresh_prediction)
         self._refresh_prediction()
 
     def engine_settings(self) -> EngineSettings:
-        return EngineSettings(
-            model=self.picker.model_path(),
-            device=self.device.currentText(),
-            dtype=self.dtype.currentText(),
-            kv_cache_dtype=self.kv_dtype.currentText(),
-            block_size=int(self.block_size.currentText()),
-            kv_budget_mib=self.kv_mib.value(),
-            gpu_memory_utilization=round(self.gpu_util.value(), 2),
-            max_model_len=self.max_len.value() or None,
-            max_num_seqs=self.max_seqs.value(),
-            enable_prefix_caching=self.prefix.isChecked(),
-            allocator=self.allocator.currentText(),
-            quantization=self.quantization.currentText(),
-        )
+        values = {name: _value(widget) for name, (_, widget) in self._engine_rows.items()}
+        return EngineSettings(model=self.picker.model_path(), **values)
 
     def result_settings(self) -> AppSettings:
         return replace(
@@ -297,9 +271,33 @@ class SettingsDialog(QDialog):
         self.accept()
 
 
-def _combo(items, current: str) -> QComboBox:
+def _combo(items: tuple, current: object) -> QComboBox:
+    """One entry per item, holding the item itself as its data; `current` chosen if listed."""
     combo = QComboBox()
-    combo.addItems([str(i) for i in items])
-    if current in [str(i) for i in items]:
-        combo.setCurrentText(str(current))
+    for item in items:
+        combo.addItem(str(item), item)
+    if current in items:
+        combo.setCurrentIndex(items.index(current))
     return combo
+
+
+def _value(widget: QWidget) -> object:
+    """The value an engine row's widget holds, as EngineSettings takes it."""
+    if isinstance(widget, QComboBox):
+        return widget.currentData()
+    if isinstance(widget, QCheckBox):
+        return widget.isChecked()
+    if isinstance(widget, QDoubleSpinBox):
+        return round(widget.value(), widget.decimals())
+    if widget.specialValueText() and widget.value() == widget.minimum():
+        return None  # the spin box shows its special text ("model's own")
+    return widget.value()
+
+
+def _changed(widget: QWidget) -> SignalInstance:
+    """The signal an engine row's widget sends when the user changes it."""
+    if isinstance(widget, QComboBox):
+        return widget.currentIndexChanged
+    if isinstance(widget, QCheckBox):
+        return widget.toggled
+    return widget.valueChanged

@@ -5,31 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from app.cli import SAMPLING_FLAGS, engine_knobs
 from engine import LLM, SamplingParams
 
 
 def llm_from_args(args: argparse.Namespace) -> LLM:
-    """An engine from the shared engine flags of the terminal subcommands."""
-    return LLM(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        block_size=args.block_size,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        num_kv_blocks=args.num_kv_blocks,
-        quantization=args.quantization,
-    )
+    """An engine from the engine flags of the terminal subcommands."""
+    return LLM(**{f.name: getattr(args, f.name) for f in engine_knobs()})
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-    )
+    return SamplingParams(**{name: getattr(args, name) for name in SAMPLING_FLAGS})
 
 
 def stream(llm: LLM, prompt: str, params: SamplingParams, out=None) -> str:

@@ -1,9 +1,15 @@
-"""EngineConfig: every engine knob, validated once here; nothing downstream re-checks."""
+"""EngineConfig: every engine knob, listed once and validated once; nothing downstream re-checks.
+
+The fields are the one list of knobs: each carries a `Knob` (help text, the values it takes,
+whether it is a `kvscope` flag), and LLM's signature, the app's settings and dialog and the
+command line are derived from them. A new knob is one field here.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
 
 import torch
 
@@ -18,26 +24,82 @@ DEFAULT_CPU_KV_MEMORY = 1 << 30  # 1 GiB
 # path); "int8"/"int4": quantize float matrices to nearest at load (engine.model.weight_source).
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
+KNOB = "knob"  # the metadata key of a field's Knob
 
+
+@dataclass(frozen=True)
+class Knob:
+    """How a field is offered to users; help text has no '%' (argparse formats it)."""
+
+    help: str
+    choices: tuple = ()  # empty: any value of the field's type
+    user: bool = True  # False: the engine sets it itself, it is no LLM argument
+    cli: bool = True  # False: no flag on `kvscope generate/chat/record`
+
+
+def knob(default: Any, help: str, choices: tuple = (), user: bool = True, cli: bool = True) -> Any:
+    """A field with its Knob, e.g. `block_size: int = knob(16, "tokens per block", BLOCK_SIZES)`."""
+    return field(default=default, metadata={KNOB: Knob(help, tuple(choices), user, cli)})
+
+
+# cli=False: `kvscope generate/chat/record` keep the flags they have always had; LLM takes
+# every user knob, the app's settings those EngineSettings names.
 @dataclass
 class EngineConfig:
-    model: str | os.PathLike | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = True
-    allocator: str = "paged"
-    seed: int = 0
-    quantization: str = "auto"
-    # Set by the engine once it knows the weights: on CPU, quantized weights run in bfloat16.
-    weights_quantized: bool = False
+    model: str | os.PathLike | None = knob(None, "GGUF file or HF model folder (default: bundled)")
+    device: str = knob("auto", "auto (CUDA when there is one), cpu, cuda or cuda:N")
+    dtype: str = knob(
+        "auto",
+        "weights and activations; auto: bfloat16 (float16 before Ampere) on CUDA, on a CPU "
+        "bfloat16 for weights kept quantized and float32 otherwise",
+        ("auto", *DTYPES),
+    )
+    kv_cache_dtype: str = knob(
+        "auto",
+        "auto: the dtype; fp8: 8-bit with per-head scales (CUDA compute capability 8.9 on)",
+        KV_DTYPES,
+        cli=False,
+    )
+    block_size: int = knob(16, "tokens per KV block", BLOCK_SIZES)
+    num_kv_blocks: int | None = knob(
+        None, "KV pool size in blocks (default: sized from the KV memory budget)"
+    )
+    kv_cache_memory: int | None = knob(
+        None,
+        "KV pool size in bytes (default: 1 GiB on a CPU, from gpu_memory_utilization on CUDA)",
+        cli=False,
+    )
+    gpu_memory_utilization: float = knob(
+        0.9, "share of the GPU's memory for weights, activations and the KV pool", cli=False
+    )
+    max_model_len: int | None = knob(
+        None, "longest sequence in tokens (default: the model's context length)"
+    )
+    max_num_seqs: int = knob(64, "sequences batched together at most")
+    max_num_batched_tokens: int | None = knob(
+        None, "tokens per step at most (default: 512 on a CPU, 4096 on CUDA)", cli=False
+    )
+    enable_prefix_caching: bool = knob(
+        True, "reuse the KV blocks of a prompt prefix seen before", cli=False
+    )
+    allocator: str = knob(
+        "paged",
+        "paged: blocks on demand, shared prefixes; contiguous: a max-length reservation per "
+        "sequence (the naive baseline)",
+        ALLOCATORS,
+        cli=False,
+    )
+    # No flag: on the command line --seed is the sampling seed of the request.
+    seed: int = knob(0, "seeds the sampler of requests that bring no seed", cli=False)
+    quantization: str = knob(
+        "auto",
+        "auto: keep a GGUF's own (Q4_K_M stays 4-bit); none: dequantize to the dtype (exact, "
+        "4-8x the memory); int8/int4: quantize a float checkpoint at load",
+        QUANTIZATIONS,
+    )
+    weights_quantized: bool = knob(
+        False, "on a CPU, quantized weights run in bfloat16 (see torch_dtype)", user=False
+    )
 
     def __post_init__(self) -> None:
         if self.device != "auto":
@@ -49,10 +111,10 @@ class EngineConfig:
                 raise ValueError(f"device {self.device!r}: only 'auto', 'cpu' and 'cuda' work")
             if dev.type == "cuda" and not torch.cuda.is_available():
                 raise ValueError(f"device {self.device!r} requested but CUDA is not available")
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not one of {('auto', *DTYPES)}")
-        if self.kv_cache_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {KV_DTYPES}")
+        for f in fields(self):
+            value, choices = getattr(self, f.name), f.metadata[KNOB].choices
+            if choices and value not in choices:
+                raise ValueError(f"{f.name} {value!r} is not one of {choices}")
         if self.kv_cache_dtype == "fp8" and self.torch_device.type == "cuda":
             capability = torch.cuda.get_device_capability(self.torch_device)
             if capability < FP8_MIN_CUDA_CAPABILITY:
@@ -60,8 +122,6 @@ class EngineConfig:
                     f"kv_cache_dtype 'fp8' needs CUDA compute capability >= "
                     f"{FP8_MIN_CUDA_CAPABILITY}, this GPU has {capability}"
                 )
-        if self.block_size not in BLOCK_SIZES:
-            raise ValueError(f"block_size {self.block_size} is not one of {BLOCK_SIZES}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
@@ -80,10 +140,6 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
             )
-        if self.allocator not in ALLOCATORS:
-            raise ValueError(f"allocator {self.allocator!r} is not one of {ALLOCATORS}")
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization {self.quantization!r} is not one of {QUANTIZATIONS}")
 
     @property
     def torch_device(self) -> torch.device:
@@ -117,3 +173,13 @@ class EngineConfig:
             return self.max_num_batched_tokens
         default = 512 if self.torch_device.type == "cpu" else 4096
         return max(default, self.max_num_seqs)
+
+
+def user_knobs() -> tuple[Field, ...]:
+    """The fields callers set, in LLM's argument order; not the ones the engine sets itself."""
+    return tuple(f for f in fields(EngineConfig) if f.metadata[KNOB].user)
+
+
+def knob_of(name: str) -> Knob:
+    """The Knob of one EngineConfig field, e.g. `knob_of("block_size").choices`."""
+    return EngineConfig.__dataclass_fields__[name].metadata[KNOB]

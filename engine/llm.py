@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
-import os
 
 from engine.beam_search import BeamSearchRunner
-from engine.config import EngineConfig
+from engine.config import EngineConfig, user_knobs
 from engine.kv.snapshot import KVSnapshot
 from engine.llm_engine import LLMEngine, PromptInput
 from engine.model.loader import LoadedModel
@@ -16,47 +16,39 @@ from engine.sampling_params import BeamSearchParams, SamplingParams
 Messages = list[dict]
 
 
+def _init_signature() -> inspect.Signature:
+    """`LLM(model=None, device="auto", ...)`: EngineConfig's user knobs in their order, for
+    inspect.signature and help(); `model` also takes a LoadedModel."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter("self", kind)]
+    for f in user_knobs():
+        annotation = "str | os.PathLike | LoadedModel | None" if f.name == "model" else f.type
+        params.append(inspect.Parameter(f.name, kind, default=f.default, annotation=annotation))
+    return inspect.Signature(params, return_annotation="None")
+
+
+_INIT_SIGNATURE = _init_signature()
+
+
 class LLM:
-    def __init__(
-        self,
-        model: str | os.PathLike | LoadedModel | None = None,
-        device: str = "auto",
-        dtype: str = "auto",
-        kv_cache_dtype: str = "auto",
-        block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        kv_cache_memory: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        max_model_len: int | None = None,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int | None = None,
-        enable_prefix_caching: bool = True,
-        allocator: str = "paged",
-        seed: int = 0,
-        quantization: str = "auto",
-    ) -> None:
+    def __init__(self, *args, **kwargs) -> None:
+        # The arguments are `model` and EngineConfig's user knobs, as __signature__ below shows;
+        # binding to it raises the TypeError a written-out signature would, naming the argument.
+        try:
+            call = _INIT_SIGNATURE.bind(self, *args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"LLM() {e}") from None
+        call.apply_defaults()
+        knobs = {name: value for name, value in call.arguments.items() if name != "self"}
+        model = knobs.pop("model")
         # A LoadedModel lets callers (the app's settings, tests) rebuild an engine with new knobs
         # without reading the weights from disk again.
         loaded = model if isinstance(model, LoadedModel) else None
-        self.config = EngineConfig(
-            model=loaded.source if loaded else model,
-            device=device,
-            dtype=dtype,
-            kv_cache_dtype=kv_cache_dtype,
-            block_size=block_size,
-            num_kv_blocks=num_kv_blocks,
-            kv_cache_memory=kv_cache_memory,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-            allocator=allocator,
-            seed=seed,
-            quantization=quantization,
-        )
+        self.config = EngineConfig(model=loaded.source if loaded else model, **knobs)
         self.engine = LLMEngine(self.config, loaded)
         self._ids = itertools.count()
+
+    __init__.__signature__ = _INIT_SIGNATURE
 
     def get_tokenizer(self):
         return self.engine.tokenizer

@@ -78,3 +78,67 @@ def test_demo_window_saves_a_screenshot(tmp_path):
     for chat in chats:
         assert [m.role for m in store.messages(chat.id)] == ["user", "assistant"]
     store.close()
+
+
+# The engine flags (by dest) the terminal commands have always taken, with their defaults.
+ENGINE_FLAGS = {
+    "model": None,
+    "device": "auto",
+    "dtype": "auto",
+    "block_size": 16,
+    "max_model_len": None,
+    "max_num_seqs": 64,
+    "num_kv_blocks": None,
+    "quantization": "auto",
+}
+# The other user knobs are for LLM and the app's settings (seed: --seed is the sampling seed).
+NOT_ON_THE_COMMAND_LINE = {
+    "kv_cache_dtype",
+    "kv_cache_memory",
+    "gpu_memory_utilization",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "allocator",
+    "seed",
+}
+
+
+def test_every_engine_knob_is_a_flag_with_its_default_or_listed_as_none():
+    from engine.config import user_knobs
+
+    knobs = {f.name: f.default for f in user_knobs()}
+    assert set(knobs) == set(ENGINE_FLAGS) | NOT_ON_THE_COMMAND_LINE
+    assert {name: knobs[name] for name in ENGINE_FLAGS} == ENGINE_FLAGS
+
+
+@pytest.mark.parametrize("argv", [["generate", "hi"], ["chat"], ["record", "out.jsonl"]])
+def test_the_engine_flags_keep_their_defaults(argv):
+    parsed = vars(_args(argv))
+    assert {name: parsed[name] for name in ENGINE_FLAGS} == ENGINE_FLAGS
+    assert not (NOT_ON_THE_COMMAND_LINE - {"seed"}) & set(parsed)  # no flag for those
+
+
+def test_every_engine_flag_reaches_llm(monkeypatch):
+    built = {}
+    monkeypatch.setattr(terminal, "LLM", lambda **kwargs: built.update(kwargs))
+    argv = ["generate", "hi", "--model", "m.gguf", "--device", "cpu", "--dtype", "float32"]
+    argv += ["--block-size", "32", "--max-model-len", "128", "--max-num-seqs", "3"]
+    argv += ["--num-kv-blocks", "9", "--quantization", "none", "--seed", "5"]
+    terminal.llm_from_args(_args(argv))
+    assert built == {
+        "model": "m.gguf",
+        "device": "cpu",
+        "dtype": "float32",
+        "block_size": 32,
+        "max_model_len": 128,
+        "max_num_seqs": 3,
+        "num_kv_blocks": 9,
+        "quantization": "none",
+    }  # --seed went to the sampling params, not to the engine
+
+
+def test_a_value_outside_a_knobs_choices_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exited:
+        _args(["generate", "hi", "--block-size", "7"])
+    assert exited.value.code == 2
+    assert "--block-size: invalid choice: 7" in capsys.readouterr().err
