@@ -43,9 +43,9 @@ def run_demo(app: QApplication, n: int, screenshot: str | None) -> int:
             return
         state["started"] = True
         for prompt in demo_prompts(n):
-            cid = window.new_conversation()
+            cid = window.chats.new_conversation()
             state["first"] = state["first"] or cid
-            window.send_message(prompt, cid)
+            window.chats.send_message(prompt, cid)
 
     def one_done(_cid: int, _detail: str) -> None:
         state["done"] += 1
@@ -59,7 +59,7 @@ def run_demo(app: QApplication, n: int, screenshot: str | None) -> int:
     def finish() -> None:
         # The map holds the last snapshot before the first chat finished.
         window.statusBar().showMessage(f"Demo done · map paused at step {state['paused_at']}")
-        window.open_conversation(state["first"])
+        window.chats.open_conversation(state["first"])
         # Let layout and the map paint before the grab.
         QTimer.singleShot(300, grab)
 
@@ -82,7 +82,7 @@ def run_demo(app: QApplication, n: int, screenshot: str | None) -> int:
 
     window.engine_ready.connect(start)
     window.engine_failed.connect(failed)
-    window.reply_finished.connect(one_done)
-    window.reply_failed.connect(one_done)
+    window.chats.reply_finished.connect(one_done)
+    window.chats.reply_failed.connect(one_done)
     app.exec()
     return state["rc"]

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from app.paths import ASSETS_DIR
-from engine.sampling_params import SamplingParams
+from app.request_ids import load_request_id
+from engine import SamplingParams
 
 # Characters per token, measured with SmolLM2's tokenizer on these texts: prompts are sized
 # roughly (within ~10%), never tokenized here.
@@ -81,7 +82,7 @@ class LoadSpec:
 
 @dataclass(frozen=True)
 class LoadRequest:
-    request_id: str  # "load-{user}/{k}"
+    request_id: str  # load_request_id(user, k): "load-{user}/{k}"
     user: int
     prompt: str  # plain text: system prompt (if any), blank line, the user's message
     messages: tuple[dict, ...]  # the same as chat messages, for the chat template
@@ -170,7 +171,7 @@ class LoadGenerator:
         if self._system:
             messages = ({"role": "system", "content": self._system}, *messages)
             prompt = f"{self._system}\n\n{text}"
-        request_id = f"load-{user}/{k}"
+        request_id = load_request_id(user, k)
         self.in_flight[request_id] = user
         self.num_sent += 1
         params = SamplingParams(

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from app.chat.store import SCHEMA_VERSION, ChatStore
-from app.worker import ContextOverflow, fit_conversation
+from app.context_fit import ContextOverflow, fit_conversation
+from app.request_ids import group_of
 from engine.kv.snapshot import BlockState
 
 TIMEOUT_MS = 120_000  # the CPU is shared; a reply of a few tokens can take seconds
@@ -143,9 +144,9 @@ def test_overflow_drop_oldest_keeps_system_prompt_and_newest_turn(default_model)
 def test_chat_streams_persists_and_survives_a_restart(make_window, qtbot, tmp_path):
     window = make_window()
     updates = []
-    window.reply_updated.connect(updates.append)
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS) as done:
-        cid = window.send_message("What is the capital of France?")
+    window.chats.reply_updated.connect(updates.append)
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS) as done:
+        cid = window.chats.send_message("What is the capital of France?")
         # Crash safety: the user message is on disk already, the reply is not.
         other = ChatStore(window.store.path)
         assert [m.role for m in other.messages(cid)] == ["user"]
@@ -161,7 +162,7 @@ def test_chat_streams_persists_and_survives_a_restart(make_window, qtbot, tmp_pa
     window.close()
 
     again = make_window()
-    assert again.current_id == cid
+    assert again.chats.current_id == cid
     assert [b.body.markdown() for b in again.chat.bubbles()] == [user.content, reply.content]
     assert again.store.conversation(cid).title.startswith("What is the capital")
 
@@ -169,12 +170,12 @@ def test_chat_streams_persists_and_survives_a_restart(make_window, qtbot, tmp_pa
 def test_stop_keeps_the_partial_reply_and_frees_its_blocks(make_window, qtbot):
     window = make_window(max_tokens=400)
     first = []
-    window.reply_updated.connect(lambda u: first.append(u) if u.texts[0] else None)
-    cid = window.send_message("Write a long story about a dragon.")
-    request_id = window.request_id_of(cid)
+    window.chats.reply_updated.connect(lambda u: first.append(u) if u.texts[0] else None)
+    cid = window.chats.send_message("Write a long story about a dragon.")
+    request_id = window.chats.request_id_of(cid)
     qtbot.waitUntil(lambda: bool(first), timeout=TIMEOUT_MS)
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS) as done:
-        window.stop(cid)
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS) as done:
+        window.chats.stop(cid)
     assert done.args == [cid, "stopped"]
     reply = window.store.messages(cid)[-1]
     assert reply.status == "stopped" and reply.content.startswith(first[0].texts[0])
@@ -197,15 +198,15 @@ def test_two_chats_are_batched_together(make_window, qtbot):
 
     def watch(t):
         if t.paged is not None:
-            groups = {s.request_id.split("/")[0] for s in t.paged.sequences}
+            groups = {group_of(s.request_id) for s in t.paged.sequences}
             seen_together.append(len(groups))
 
     window.telemetry_received.connect(watch)
     finished = []
-    window.reply_finished.connect(lambda cid, status: finished.append(cid))
-    a = window.send_message("Name a colour.", window.new_conversation())
-    b = window.send_message("Name an animal.", window.new_conversation())
-    assert {window.request_id_of(a).split("/")[0], window.request_id_of(b).split("/")[0]} == {
+    window.chats.reply_finished.connect(lambda cid, status: finished.append(cid))
+    a = window.chats.send_message("Name a colour.", window.chats.new_conversation())
+    b = window.chats.send_message("Name an animal.", window.chats.new_conversation())
+    assert {group_of(window.chats.request_id_of(a)), group_of(window.chats.request_id_of(b))} == {
         f"conv-{a}",
         f"conv-{b}",
     }
@@ -216,16 +217,16 @@ def test_two_chats_are_batched_together(make_window, qtbot):
 
 def test_edit_and_resend_replaces_the_later_messages(make_window, qtbot):
     window = make_window(max_tokens=4)
-    cid = window.new_conversation()
+    cid = window.chats.new_conversation()
     window.store.add_message(cid, "user", "Say hello.")
     for role, text in (("assistant", "Hello!"), ("user", "Say goodbye."), ("assistant", "Bye!")):
         window.store.add_message(cid, role, text)
-    window.open_conversation(cid)
+    window.chats.open_conversation(cid)
     assert len(window.chat.bubbles()) == 4
     window.chat.bubbles()[0].edit.click()  # as a user does: Edit, change the text, Send
     assert window.chat.composer.toPlainText() == "Say hello."
     window.chat.composer.setPlainText("Say hi.")
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS):
         window.chat.send.click()
     msgs = window.store.messages(cid)
     assert [(m.role, m.position) for m in msgs] == [("user", 0), ("assistant", 1)]
@@ -235,8 +236,8 @@ def test_edit_and_resend_replaces_the_later_messages(make_window, qtbot):
 
 def test_n_samples_show_as_alternatives(make_window, qtbot):
     window = make_window(max_tokens=4, n=2, temperature=1.0, seed=3)
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
-        cid = window.send_message("Pick a random word.")
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS):
+        cid = window.chats.send_message("Pick a random word.")
     reply = window.store.messages(cid)[-1]
     assert len(reply.alternatives) == 2 and reply.content == reply.alternatives[0]
     bubble = window.chat.bubbles()[-1]
@@ -248,18 +249,18 @@ def test_n_samples_show_as_alternatives(make_window, qtbot):
 
 def test_a_conversation_past_max_model_len_stops_with_a_message(make_window, qtbot):
     window = make_window(max_model_len=40, max_tokens=4)
-    with qtbot.waitSignal(window.reply_failed, timeout=TIMEOUT_MS) as failed:
-        cid = window.send_message("Tell me everything about the history of tea. " * 4)
+    with qtbot.waitSignal(window.chats.reply_failed, timeout=TIMEOUT_MS) as failed:
+        cid = window.chats.send_message("Tell me everything about the history of tea. " * 4)
     assert "context is full" in failed.args[1]
     assert window.chat.notice.isVisibleTo(window) and "context is full" in window.chat.notice.text()
     assert [m.role for m in window.store.messages(cid)] == ["user"]  # kept, can be retried
-    assert cid not in window.pending
+    assert cid not in window.chats.pending
 
 
 def test_block_contents_reach_the_map_through_the_worker(make_window, qtbot, monkeypatch):
     window = make_window(max_tokens=4)
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
-        window.send_message("Name three rivers in Europe, please.")
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS):
+        window.chats.send_message("Name three rivers in Europe, please.")
     qtbot.waitUntil(lambda: window.last_telemetry.stats["num_running"] == 0, timeout=TIMEOUT_MS)
     snap = window.last_telemetry.paged
     cached = [int(b) for b in (snap.state == BlockState.CACHED).nonzero()[0]]
@@ -296,29 +297,29 @@ def test_simulated_users_share_the_engine_with_chats(make_window, qtbot):
     qtbot.waitUntil(lambda: "stopped" in window.loadgen_panel.status.text(), timeout=TIMEOUT_MS)
     assert not window.loadgen_panel.stop.isEnabled()
     qtbot.waitUntil(lambda: window.last_telemetry.stats["kv_blocks_used"] == 0, timeout=TIMEOUT_MS)
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS) as done:
-        cid = window.send_message("Still there?")
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS) as done:
+        cid = window.chats.send_message("Still there?")
     assert done.args == [cid, "complete"]
 
 
 def test_regenerate_uses_the_system_prompt_and_replaces_the_reply(make_window, qtbot):
     window = make_window(max_tokens=3, temperature=1.0)
-    other = window.new_conversation()
-    cid = window.new_conversation()
+    other = window.chats.new_conversation()
+    cid = window.chats.new_conversation()
     window.chat.system_toggle.setChecked(True)
     window.chat.system_prompt.setPlainText("You answer in French.")
-    window.open_conversation(other)  # switching away saves the edit, to its own chat
+    window.chats.open_conversation(other)  # switching away saves the edit, to its own chat
     assert window.store.conversation(cid).system_prompt == "You answer in French."
     assert window.store.conversation(other).system_prompt == ""
-    window.open_conversation(cid)
+    window.chats.open_conversation(cid)
     assert window.chat.system_prompt.toPlainText() == "You answer in French."
     submitted = []
     real_submit = window.client.submit
     window.client.submit = lambda *args: (submitted.append(args), real_submit(*args))
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
-        window.send_message("Hello!", cid)
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS):
+        window.chats.send_message("Hello!", cid)
     first = window.store.messages(cid)[-1]
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS):
         window.chat.bubbles()[-1].regenerate.click()
     msgs = window.store.messages(cid)
     assert [m.role for m in msgs] == ["user", "assistant"]
@@ -332,15 +333,16 @@ def test_closing_mid_reply_keeps_it_stopped_and_deleting_a_chat_stops_it(
     make_window, qtbot, tmp_path
 ):
     window = make_window(max_tokens=400)
-    keep = window.send_message("Tell me a very long story.", window.new_conversation())
-    gone = window.send_message("Tell me another long story.", window.new_conversation())
+    chats = window.chats
+    keep = chats.send_message("Tell me a very long story.", chats.new_conversation())
+    gone = chats.send_message("Tell me another long story.", chats.new_conversation())
     qtbot.waitUntil(
-        lambda: all(window.pending[c].texts and window.pending[c].texts[0] for c in (keep, gone)),
+        lambda: all(chats.pending[c].texts and chats.pending[c].texts[0] for c in (keep, gone)),
         timeout=TIMEOUT_MS,
     )
-    window.delete_conversation(gone)
-    assert gone not in window.pending and [c.id for c in window.store.conversations()] == [keep]
-    partial = window.pending[keep].texts[0]
+    chats.delete_conversation(gone)
+    assert gone not in chats.pending and [c.id for c in window.store.conversations()] == [keep]
+    partial = chats.pending[keep].texts[0]
     window.close()
     store = ChatStore(tmp_path / "chats.sqlite3")
     reply = store.messages(keep)[-1]
@@ -356,14 +358,14 @@ def test_a_chat_template_that_refuses_the_messages_fails_the_reply(make_window, 
     # Mistral's templates refuse two user turns in a row this way.
     tokenizer.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
     try:
-        with qtbot.waitSignal(window.reply_failed, timeout=TIMEOUT_MS) as failed:
-            cid = window.send_message("Hello?")
+        with qtbot.waitSignal(window.chats.reply_failed, timeout=TIMEOUT_MS) as failed:
+            cid = window.chats.send_message("Hello?")
     finally:
         tokenizer.chat_template = original
     assert "chat template refused" in failed.args[1] and "must alternate" in failed.args[1]
-    assert cid not in window.pending  # not stuck "generating": the user can edit and resend
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
-        window.send_message("Hello again")
+    assert cid not in window.chats.pending  # not stuck "generating": the user can edit and resend
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS):
+        window.chats.send_message("Hello again")
 
 
 def test_a_message_the_disk_cannot_take_stays_in_the_composer(make_window, qtbot, monkeypatch):
@@ -381,9 +383,9 @@ def test_a_message_the_disk_cannot_take_stays_in_the_composer(make_window, qtbot
         window.chat._submit()
     assert "disk is full" in shown.args[0]
     assert window.chat.composer.toPlainText() == "Please remember this."  # not lost
-    assert not window.pending
+    assert not window.chats.pending
     monkeypatch.setattr(window.store, "add_message", real)
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS):
         window.chat._submit()  # the disk has room again: the same text goes out
     assert window.chat.composer.toPlainText() == ""
 
@@ -400,10 +402,10 @@ def test_a_reply_the_disk_cannot_take_does_not_hang_the_chat(make_window, qtbot,
         return real(cid, role, *args, **kwargs)
 
     monkeypatch.setattr(window.store, "add_message", full_for_replies)
-    with qtbot.waitSignal(window.reply_failed, timeout=TIMEOUT_MS) as failed:
-        cid = window.send_message("Count to three.")
+    with qtbot.waitSignal(window.chats.reply_failed, timeout=TIMEOUT_MS) as failed:
+        cid = window.chats.send_message("Count to three.")
     assert "disk is full" in failed.args[1] and "The reply was:" in window.last_error
-    assert cid not in window.pending and not window.chat._generating
+    assert cid not in window.chats.pending and not window.chat._generating
     monkeypatch.setattr(window.store, "add_message", real)
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS):
-        window.regenerate(cid)
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS):
+        window.chats.regenerate(cid)

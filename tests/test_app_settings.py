@@ -1,6 +1,7 @@
 """Settings: persisted JSON, the dialog and model picker, engine rebuilds, bad models."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -45,6 +46,105 @@ def test_a_bad_settings_file_names_the_problem(tmp_path, content, match):
         load_settings(path)
 
 
+# Engine knobs the app does not keep, and why.
+NOT_IN_SETTINGS = {
+    "kv_cache_memory",  # set from kv_budget_mib on a CPU (MiB read better in a dialog)
+    "num_kv_blocks",  # the pool is sized from the memory budget instead
+    "max_num_batched_tokens",  # the engine's per-device default suits a chat
+    "seed",  # each reply's sampling seed is a sampling setting
+}
+# A settings file as this version writes it: its keys are what files on users' disks hold.
+SAVED_FILE = {
+    "engine": {
+        "model": None,
+        "device": "auto",
+        "dtype": "auto",
+        "kv_cache_dtype": "auto",
+        "block_size": 16,
+        "kv_budget_mib": 256,
+        "gpu_memory_utilization": 0.9,
+        "max_model_len": None,
+        "max_num_seqs": 64,
+        "enable_prefix_caching": True,
+        "allocator": "paged",
+        "quantization": "auto",
+    },
+    "sampling": {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": -1,
+        "max_tokens": 256,
+        "seed": None,
+        "n": 1,
+    },
+    "overflow_policy": "stop",
+}
+
+
+def test_every_engine_knob_is_a_setting_with_its_default_or_listed_as_not_one():
+    from dataclasses import fields
+
+    from engine.config import user_knobs
+
+    settings = {f.name: f.default for f in fields(EngineSettings)}
+    for knob in user_knobs():
+        assert (knob.name in settings) != (knob.name in NOT_IN_SETTINGS), knob.name
+        if knob.name in settings:
+            assert settings[knob.name] == knob.default, knob.name
+
+
+def test_a_saved_settings_file_keeps_its_keys(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(SAVED_FILE))
+    assert load_settings(path) == AppSettings()
+    assert AppSettings().to_dict() == SAVED_FILE
+
+
+# Every engine setting away from its default.
+CUSTOM_ENGINE = EngineSettings(
+    model="/models/other.gguf",
+    device="cpu",
+    dtype="bfloat16",
+    kv_cache_dtype="float16",
+    block_size=64,
+    kv_budget_mib=48,
+    gpu_memory_utilization=0.55,
+    max_model_len=1024,
+    max_num_seqs=5,
+    enable_prefix_caching=False,
+    allocator="contiguous",
+    quantization="int8",
+)
+
+
+def test_llm_kwargs_build_the_settings_engine_config():
+    from engine import EngineConfig
+
+    settings = CUSTOM_ENGINE
+    config = settings.engine_config()
+    assert EngineConfig(model=settings.model, **settings.llm_kwargs()) == config
+    assert config.kv_cache_memory == 48 << 20  # the CPU budget, in bytes
+    for name, value in vars(settings).items():
+        if name != "kv_budget_mib":
+            assert getattr(config, name) == value, name
+    with pytest.raises(ValueError, match="allocator 'buddy'"):
+        EngineSettings(allocator="buddy").llm_kwargs()
+
+
+def test_dialog_shows_each_setting_and_gives_it_back(qtbot):
+    from engine.config import knob_of
+
+    engine = replace(CUSTOM_ENGINE, model=None)  # the picker would say the file is missing
+    dialog = SettingsDialog(AppSettings(engine=engine))
+    qtbot.addWidget(dialog)
+    assert dialog.engine_settings() == engine
+    block_sizes = [dialog.block_size.itemText(i) for i in range(dialog.block_size.count())]
+    assert block_sizes == [str(b) for b in knob_of("block_size").choices]
+    assert knob_of("allocator").help in dialog.allocator.toolTip()
+    dialog.max_len.setValue(0)  # shown as "model's own"
+    assert dialog.engine_settings().max_model_len is None
+
+
 def test_dialog_shows_the_model_and_the_planners_prediction(qtbot):
     dialog = SettingsDialog(AppSettings(engine=EngineSettings(device="cpu", kv_budget_mib=64)))
     qtbot.addWidget(dialog)
@@ -73,7 +173,7 @@ def test_dialog_shows_the_model_and_the_planners_prediction(qtbot):
 
 def test_applying_settings_rebuilds_the_engine_and_keeps_chats(make_window, qtbot, default_model):
     window = make_window(block_size=16)
-    cid = window.new_conversation()
+    cid = window.chats.new_conversation()
     window.store.add_message(cid, "user", "Keep me")
     assert window.engine_info.block_size == 16
     busy = []
@@ -85,9 +185,9 @@ def test_applying_settings_rebuilds_the_engine_and_keeps_chats(make_window, qtbo
     qtbot.waitUntil(lambda: window.last_telemetry.stats["kv_block_size"] == 32, timeout=TIMEOUT_MS)
     assert window.client.worker._loaded is default_model  # tokenizer reused, not rebuilt
     assert window.engine_info.weight_format == "float32"
-    assert "weights float32" in window.model_label.text()
+    assert "weights float32" in window.status.model_label.text()
     assert window.store.messages(cid)[0].content == "Keep me"
-    assert "× 32" in window.model_label.text()
+    assert "× 32" in window.status.model_label.text()
 
 
 def test_a_bad_model_file_shows_an_error_and_the_app_keeps_working(make_window, qtbot, tmp_path):
@@ -102,8 +202,8 @@ def test_a_bad_model_file_shows_an_error_and_the_app_keeps_working(make_window, 
     # Back on the previous model: settings say so, and a chat still works.
     assert window.settings.engine.model is None
     assert window.engine_info.model_source == default_model_source(window)
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT_MS) as done:
-        cid = window.send_message("Say yes.")
+    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS) as done:
+        cid = window.chats.send_message("Say yes.")
     assert done.args == [cid, "complete"]
 
     with qtbot.waitSignal(window.error_shown, timeout=TIMEOUT_MS) as shown:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from app import request_ids
 from app.blockmap import colors, raster
 from app.blockmap.legend import KEY_ITEMS, key_pixmaps
 from app.blockmap.traffic import TrafficCounter, read_memory
@@ -117,8 +118,20 @@ def pixel(img: np.ndarray, block: int, cols: int, cell_px: int, x: int, y: int) 
 # ---- colours ---------------------------------------------------------------------------------
 
 
+def test_request_ids_name_their_group_and_conversation():
+    request_id = request_ids.conversation_request_id(12, 3)
+    assert request_id == "conv-12/r3"
+    assert request_ids.group_of(request_id) == request_ids.conversation_group(12) == "conv-12"
+    assert request_ids.conversation_of_group("conv-12") == 12
+    load = request_ids.load_request_id(3, 7)
+    assert load == "load-3/7" and request_ids.group_of(load) == "load-3"
+    for group in ("load-3", "conv-", "conv-x", "other"):
+        assert request_ids.conversation_of_group(group) is None
+    assert request_ids.group_of("no-slash") == "no-slash"
+
+
 def test_group_colours_are_stable_and_distinct_for_numbered_groups():
-    assert colors.group_of("conv-12/turn-3") == "conv-12"
+    assert request_ids.group_of("conv-12/turn-3") == "conv-12"
     assert colors.group_color("load-3") == colors.group_color("load-3")
     # crc32, not the salted hash(): a fixed value across runs.
     assert colors.group_color_index("conv-1") == colors.group_color_index("conv-1")

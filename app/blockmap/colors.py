@@ -1,9 +1,9 @@
 """Colours of the block map: a qualitative palette for request groups and the pool's state colours.
 
-A request id is "{group}/{suffix}" ("conv-12/turn-3", "load-3/7"); every request of a group gets
-the group's colour, chosen by a stable hash (crc32, not Python's salted hash()) so it is the same
-in every run. Colours are packed RGBA uint32 (little-endian, so the bytes read R, G, B, A) which
-lets the map gather a whole pixel in one integer.
+Every request of a group (app/request_ids.py: "conv-12" of "conv-12/r3", "load-3" of "load-3/7")
+gets the group's colour, chosen by a stable hash (crc32, not Python's salted hash()) so it is the
+same in every run. Colours are packed RGBA uint32 (little-endian, so the bytes read R, G, B, A),
+which lets the map gather a whole pixel in one integer.
 """
 
 from __future__ import annotations
@@ -84,12 +84,6 @@ FREE = int(pack(hex_to_rgba(FREE_HEX)))
 CACHED = int(pack(hex_to_rgba(CACHED_HEX)))
 UNKNOWN = int(pack(hex_to_rgba(UNKNOWN_HEX)))
 WHITE = int(pack((255, 255, 255, 255)))
-
-
-@lru_cache(maxsize=65536)
-def group_of(request_id: str) -> str:
-    """The colour group of a request id: everything before the first '/'."""
-    return request_id.split("/", 1)[0]
 
 
 def group_color_index(group: str) -> int:

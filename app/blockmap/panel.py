@@ -22,6 +22,7 @@ from app.blockmap.metrics_strip import MetricsStrip, held_share
 from app.blockmap.time_plots import TimePlots
 from app.blockmap.tooltip import describe_block
 from app.blockmap.traffic import TrafficCounter, read_memory
+from app.request_ids import group_of
 from engine.kv.snapshot import BlockState, KVSnapshot, SequenceInfo
 
 PANEL_STYLE = (
@@ -225,7 +226,7 @@ class BlockMapPanel(QWidget):
             return False
         kind, value = self._selection
         if kind == "group":
-            return colors.group_of(s.request_id) == value
+            return group_of(s.request_id) == value
         return (s.request_id, s.index) == value
 
     def selected_seq_ids(self, snapshot: KVSnapshot | None) -> set[int]:
@@ -287,7 +288,7 @@ class BlockMapPanel(QWidget):
 
     def _update_legend(self) -> None:
         live = {
-            colors.group_of(s.request_id)
+            group_of(s.request_id)
             for snapshot in (self.paged, self.shadow)
             if snapshot is not None
             for s in snapshot.sequences
@@ -295,7 +296,7 @@ class BlockMapPanel(QWidget):
         }
         blocks = Counter()
         for s in self.paged.sequences if self.paged is not None else ():
-            blocks[colors.group_of(s.request_id)] += len(s.block_table)
+            blocks[group_of(s.request_id)] += len(s.block_table)
         entries = []
         for group in sorted(live, key=_natural_key):
             label = self.labels.get(group)

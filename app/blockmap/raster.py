@@ -21,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from app.blockmap import colors
+from app.request_ids import group_of
 from engine.kv.snapshot import BlockState, KVSnapshot
 
 MAX_CELL_PX = 24
@@ -165,7 +166,7 @@ def cell_style(snapshot: KVSnapshot, selected: Collection[int] = ()) -> CellStyl
     """Per-block colour-set keys with numpy only; the per-sequence colour work is tiny."""
     seqs = sorted(snapshot.sequences, key=lambda s: s.seq_id)
     ids = np.array([s.seq_id for s in seqs], dtype=np.int64)
-    group_colors = [colors.group_color(colors.group_of(s.request_id)) for s in seqs]
+    group_colors = [colors.group_color(group_of(s.request_id)) for s in seqs]
     flat_rows = [colors.UNKNOWN, colors.FREE, colors.CACHED, colors.BACKGROUND]
     base = np.array([*group_colors, *flat_rows], dtype=np.uint32)
     unknown, free, cached = len(seqs), len(seqs) + 1, len(seqs) + 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from app.blockmap import colors
+from app.request_ids import group_of
 from engine.kv.snapshot import BlockState, KVSnapshot
 
 MAX_TEXT_CHARS = 240
@@ -55,7 +56,7 @@ def describe_block(
     ]
     owners = block_owners(snapshot, block)
     for request_id, seq_id, index in owners[:6]:
-        group = colors.group_of(request_id)
+        group = group_of(request_id)
         label = labels.get(group)
         name = escape(request_id) + (f" — {escape(label)}" if label else "")
         lines.append(

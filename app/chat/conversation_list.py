@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 
 from app.blockmap.colors import group_hex
 from app.chat.store import ChatStore
+from app.request_ids import conversation_group
 
 GENERATING_MARK = "● "
 
@@ -71,7 +72,7 @@ class ConversationList(QWidget):
         self.list.clear()
         for conv in self.store.conversations(self.search.text()):
             item = QListWidgetItem(self._label(conv.id, conv.title))
-            item.setIcon(group_swatch(f"conv-{conv.id}"))
+            item.setIcon(group_swatch(conversation_group(conv.id)))
             item.setData(Qt.UserRole, conv.id)
             item.setToolTip(conv.title)
             color = self._generating.get(conv.id)

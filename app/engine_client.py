@@ -1,0 +1,89 @@
+"""EngineClient: the GUI thread's handle on the engine worker and the thread it runs in.
+
+Its methods post queued signals to the worker and return at once; the worker's signals, which it
+re-exports, answer on the GUI thread when connected to a bound method of a GUI-thread object.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal
+
+from app.engine_worker import EngineWorker
+from app.settings import EngineSettings
+
+_RUNNING: set[EngineClient] = set()  # clients whose thread runs: a QThread must outlive its run
+
+
+class EngineClient(QObject):
+    """The GUI thread's handle on the worker: methods that post, signals that answer.
+
+    Call `shutdown()` when done (the window does on close; quitting the app does too). Until
+    then the client is kept alive here even if its owner is dropped: Qt aborts the process when
+    a running QThread is destroyed.
+    """
+
+    _start = Signal()
+    _submit = Signal(str, str, object, object, str)
+    _stop = Signal(str)
+    _apply = Signal(object)
+    _query_block = Signal(int)
+    _start_load = Signal(object)
+    _stop_load = Signal()
+    _shutdown = Signal()
+
+    def __init__(self, settings: EngineSettings, loaded_model=None, parent=None) -> None:
+        super().__init__(parent)
+        self.thread = QThread()
+        self.thread.setObjectName("kvscope-engine")
+        self.worker = EngineWorker(settings, loaded_model)
+        self.worker.moveToThread(self.thread)
+        self._start.connect(self.worker.start)
+        self._submit.connect(self.worker.submit)
+        self._stop.connect(self.worker.stop)
+        self._apply.connect(self.worker.apply_settings)
+        self._query_block.connect(self.worker.query_block)
+        self._start_load.connect(self.worker.start_load)
+        self._stop_load.connect(self.worker.stop_load)
+        self._shutdown.connect(self.worker.shutdown)
+        # Re-exported: connecting to these from the GUI thread gets queued delivery.
+        w = self.worker
+        self.engine_ready, self.engine_failed, self.busy = w.engine_ready, w.engine_failed, w.busy
+        self.request_output, self.request_failed = w.request_output, w.request_failed
+        self.telemetry, self.block_info, self.error = w.telemetry, w.block_info, w.error
+        self.load_status = w.load_status
+
+    def start(self) -> None:
+        _RUNNING.add(self)
+        app = QCoreApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.shutdown)
+        self.thread.start()
+        self._start.emit()
+
+    def submit(
+        self, request_id: str, system_prompt: str, turns: list[dict], params: dict, policy: str
+    ) -> None:
+        self._submit.emit(request_id, system_prompt, turns, params, policy)
+
+    def stop(self, request_id: str) -> None:
+        self._stop.emit(request_id)
+
+    def apply_settings(self, settings: EngineSettings) -> None:
+        self._apply.emit(settings)
+
+    def query_block(self, block_id: int) -> None:
+        self._query_block.emit(block_id)
+
+    def start_load(self, spec) -> None:
+        """Start simulated users (an app.loadgen.LoadSpec)."""
+        self._start_load.emit(spec)
+
+    def stop_load(self) -> None:
+        self._stop_load.emit()
+
+    def shutdown(self, timeout_ms: int = 60_000) -> None:
+        if self.thread.isRunning():
+            self._shutdown.emit()
+            if not self.thread.wait(timeout_ms):
+                return  # mid-step still: stays registered, so it is not destroyed running
+        _RUNNING.discard(self)
