@@ -1,4 +1,5 @@
-"""Paged-KV kernels, each twice: Triton (`triton_kernels`) and a torch reference (`torch_ref`).
+"""Paged-KV kernels, each twice: Triton (`triton_store`, `triton_decode`, `triton_prefill`, sharing
+`triton_common`) and a torch reference (`torch_ref`).
 
 Every public kernel takes `backend`:
   "auto"   Triton for CUDA tensors (when triton is installed), torch otherwise. The engine uses it.
@@ -9,7 +10,7 @@ Every public kernel takes `backend`:
 Caches are [num_blocks, block_size, num_kv_heads, head_dim] per layer, in the model's dtype or
 float8_e4m3fn. With fp8, `k_scale` / `v_scale` (float32, [num_kv_heads] or one per tensor) divide
 K/V on store and multiply them back on load. Decode attention picks split-K (partitioned context
-plus a reduce kernel) for long contexts at small batch; see `triton_kernels.decode_num_splits`.
+plus a reduce kernel) for long contexts at small batch; see `triton_decode.decode_num_splits`.
 
 `quantized_matmul(x, w)` is x @ W.T for a weight in the packed `QuantizedTensor` format
 (`quant_format`): Triton dequantizes W inside the GEMM (`triton_quant`); the torch reference
@@ -46,21 +47,14 @@ _BACKENDS = ("auto", "torch", "triton")
 
 
 @functools.cache
-def _triton_kernels() -> ModuleType | None:
-    """The Triton kernels module, or None where triton is not installed."""
-    if importlib.util.find_spec("triton") is None:
-        return None
-    from kernels import triton_kernels
-
-    return triton_kernels
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 @functools.cache
-def _triton_quant() -> ModuleType:
-    """The quantized-matmul Triton kernel (only asked for once `_triton_kernels` found triton)."""
-    from kernels import triton_quant
-
-    return triton_quant
+def _triton(module: str) -> ModuleType:
+    """kernels.<module>, a Triton module, imported on first use (only once triton was found)."""
+    return importlib.import_module(f"kernels.{module}")
 
 
 def resolve_backend(backend: str, tensor: torch.Tensor) -> str:
@@ -70,11 +64,10 @@ def resolve_backend(backend: str, tensor: torch.Tensor) -> str:
     if backend == "torch":
         return "torch"
     if backend == "auto":
-        return "triton" if tensor.is_cuda and _triton_kernels() is not None else "torch"
-    tk = _triton_kernels()
-    if tk is None:
+        return "triton" if tensor.is_cuda and _triton_installed() else "torch"
+    if not _triton_installed():
         raise ValueError("kernel backend 'triton' needs the triton package, which is not installed")
-    if not tensor.is_cuda and not tk.INTERPRETED:
+    if not tensor.is_cuda and not _triton("triton_common").INTERPRETED:
         raise ValueError(
             f"kernel backend 'triton' needs CUDA tensors, got {tensor.device}; on CPU it runs only "
             "in Triton's interpreter (TRITON_INTERPRET=1 set before the first kernel call)"
@@ -83,8 +76,11 @@ def resolve_backend(backend: str, tensor: torch.Tensor) -> str:
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None, backend="auto"):
+    """Token t's K and V ([T, Hkv, D]) into flat slot slot_mapping[t]; -1 marks padding."""
     if resolve_backend(backend, k) == "triton":
-        _triton_kernels().store_kv_triton(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        _triton("triton_store").store_kv_triton(
+            k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale
+        )
     else:
         store_kv_torch(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
@@ -92,8 +88,9 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None, b
 def paged_decode_attention(
     q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=None, v_scale=None, backend="auto"
 ):
+    """One query token per sequence (q [B, Hq, D]) against its paged context -> [B, Hq, D]."""
     impl = (
-        _triton_kernels().paged_decode_attention_triton
+        _triton("triton_decode").paged_decode_attention_triton
         if resolve_backend(backend, q) == "triton"
         else paged_decode_attention_torch
     )
@@ -112,8 +109,10 @@ def paged_prefill_attention(
     v_scale=None,
     backend="auto",
 ):
+    """New tokens (q [T, Hq, D], sequences back to back) attending causally to their cached
+    prefix and themselves -> [T, Hq, D]; see `paged_prefill_attention_torch`."""
     impl = (
-        _triton_kernels().paged_prefill_attention_triton
+        _triton("triton_prefill").paged_prefill_attention_triton
         if resolve_backend(backend, q) == "triton"
         else paged_prefill_attention_torch
     )
@@ -125,7 +124,7 @@ def paged_prefill_attention(
 def quantized_matmul(x: torch.Tensor, w: QuantizedTensor, backend: str = "auto") -> torch.Tensor:
     """x [M, K] @ W.T -> [M, N] in x's dtype, W a `QuantizedTensor` [N, K]."""
     if resolve_backend(backend, x) == "triton":
-        tq = _triton_quant()
+        tq = _triton("triton_quant")
         if backend == "triton" or tq.supports(w):
             return tq.quantized_matmul_triton(x, w)
     return quantized_matmul_torch(x, w)

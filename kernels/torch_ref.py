@@ -12,14 +12,18 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 
 
-def _per_q_head(scale: torch.Tensor, hq: int, hkv: int) -> torch.Tensor:
-    """A per-KV-head ([Hkv]) or per-tensor scale as float32 [Hq, 1] (or [1, 1])."""
-    flat = scale.float().reshape(-1)
-    if flat.numel() not in (1, hkv):
+def kv_scale_per_head(scale: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """An fp8 KV scale, per tensor (one value) or per KV head, as float32 [Hkv]: the one rule
+    both backends take scales by."""
+    flat = scale.to(torch.float32).reshape(-1)
+    if flat.numel() == 1:
+        return flat.expand(num_kv_heads)
+    if flat.numel() != num_kv_heads:
         raise ValueError(
-            f"KV scale has {flat.numel()} values; expected 1 (per tensor) or {hkv} (per KV head)"
+            f"KV scale has {flat.numel()} values; expected 1 (per tensor) or {num_kv_heads} "
+            "(per KV head)"
         )
-    return (flat if flat.numel() == 1 else flat.repeat_interleave(hq // hkv)).view(-1, 1)
+    return flat
 
 
 def _fold_scale(x: torch.Tensor, scale: torch.Tensor | None, hkv: int) -> torch.Tensor:
@@ -27,7 +31,8 @@ def _fold_scale(x: torch.Tensor, scale: torch.Tensor | None, hkv: int) -> torch.
     dequantizes without a multiply over the whole gathered cache: q.(k*s) == (q*s).k."""
     if scale is None:
         return x
-    return (x.float() * _per_q_head(scale, x.shape[-2], hkv)).to(x.dtype)
+    per_q_head = kv_scale_per_head(scale, hkv).repeat_interleave(x.shape[-2] // hkv)
+    return (x.float() * per_q_head.view(-1, 1)).to(x.dtype)
 
 
 def store_kv_torch(

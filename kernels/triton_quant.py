@@ -65,9 +65,9 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.driver import driver
-from triton.runtime.interpreter import InterpretedFunction
 
 from kernels.quant_format import QuantizedTensor
+from kernels.triton_common import INTERPRETED, dot_precision, last_dim_contiguous
 
 # Layouts the kernel takes; every GGUF type uses 16 or 32, the engine's own int4/int8 128.
 SUPPORTED_GROUP_SIZES = (16, 32, 64, 128)
@@ -187,10 +187,6 @@ def _quant_matmul_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
 
-# True when TRITON_INTERPRET=1 was set before import: the kernel then takes CPU tensors.
-INTERPRETED = isinstance(_quant_matmul_kernel, InterpretedFunction)
-
-
 def target_arch() -> int | None:
     """The compute capability Triton compiles for now (75, 80, 90, ...: the current CUDA device's,
     where every launch goes); None in the interpreter."""
@@ -237,7 +233,7 @@ def quant_matmul_meta(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        DOT_PRECISION="ieee" if wide else "tf32",
+        DOT_PRECISION=dot_precision(dtype),
         EMULATE_BF16=INTERPRETED and dtype == torch.bfloat16,
         num_warps=num_warps,
         num_stages=num_stages,
@@ -262,10 +258,6 @@ def supports(w: QuantizedTensor) -> bool:
     return w.group_size in SUPPORTED_GROUP_SIZES
 
 
-def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def quantized_matmul_triton(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor:
     """x [M, K] @ W.T -> [M, N] in x's dtype, W dequantized inside the GEMM (float32 acc)."""
     n, k = w.shape
@@ -283,10 +275,10 @@ def quantized_matmul_triton(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    x = _rows_contiguous(x)
-    codes, d, dmin = _rows_contiguous(w.codes), _rows_contiguous(w.d), _rows_contiguous(w.dmin)
-    sub_scale = d if w.sub_scale is None else _rows_contiguous(w.sub_scale)
-    sub_min = d if w.sub_min is None else _rows_contiguous(w.sub_min)
+    x = last_dim_contiguous(x)
+    codes, d, dmin = (last_dim_contiguous(t) for t in (w.codes, w.d, w.dmin))
+    sub_scale = d if w.sub_scale is None else last_dim_contiguous(w.sub_scale)
+    sub_min = d if w.sub_min is None else last_dim_contiguous(w.sub_min)
     meta = quant_matmul_meta(m, x.dtype, target_arch(), **layout_meta(w))
     grid = (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
     _quant_matmul_kernel[grid](

@@ -21,9 +21,10 @@ import torch
 import kernels
 from kernels import triton_quant as tq
 from kernels.quant_format import QuantizedTensor, cat_rows, quantized_matmul_torch
+from kernels.triton_common import INTERPRETED
 
 pytestmark = pytest.mark.skipif(
-    not tq.INTERPRETED, reason="needs TRITON_INTERPRET=1 before triton is imported"
+    not INTERPRETED, reason="needs TRITON_INTERPRET=1 before triton is imported"
 )
 
 UNIT_ROUNDOFF = {torch.float32: 0.0, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}

@@ -2,57 +2,22 @@
 
 import pytest
 import torch
+from kernel_cases import dense_attention, random_paged_kv
 
 import kernels
-
-
-def _scatter_cache(seqs_k, seqs_v, block_size, num_blocks, hkv, d, seed=0):
-    """Place each sequence's K/V into randomly chosen (scattered) physical blocks."""
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(num_blocks, generator=g).tolist()
-    # Other slots hold huge stale values: none of them may reach the output.
-    k_cache = torch.randn((num_blocks, block_size, hkv, d), generator=g) * 1e4
-    v_cache = torch.randn((num_blocks, block_size, hkv, d), generator=g) * 1e4
-    tables = []
-    for k, v in zip(seqs_k, seqs_v, strict=True):
-        n_blocks = -(-k.shape[0] // block_size)
-        table = [perm.pop() for _ in range(n_blocks)]
-        slots = torch.tensor(
-            [table[p // block_size] * block_size + p % block_size for p in range(k.shape[0])]
-        )
-        kernels.store_kv(k, v, k_cache, v_cache, slots)
-        tables.append(table)
-    width = max(len(t) for t in tables)
-    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-    return k_cache, v_cache, block_tables
-
-
-def _dense_attention(q, k, v, scale, causal_offset=None):
-    """float64 reference; q [n, Hq, D], k/v [L, Hkv, D]."""
-    q, k, v = q.double(), k.double(), v.double()
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-    if causal_offset is not None:
-        qpos = torch.arange(q.shape[0]).view(-1, 1) + causal_offset
-        scores = scores.masked_fill(torch.arange(k.shape[0]).view(1, -1) > qpos, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 @pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (8, 8, 128), (4, 1, 64)])
 def test_decode_matches_dense(block_size, hq, hkv, d):
     lens = [1, 7, block_size, 3 * block_size + 5]
-    ks = [torch.randn(n, hkv, d) for n in lens]
-    vs = [torch.randn(n, hkv, d) for n in lens]
-    k_cache, v_cache, tables = _scatter_cache(ks, vs, block_size, 64, hkv, d)
+    ks, vs, k_cache, v_cache, tables = random_paged_kv(lens, hkv, d, block_size, 64)
     q = torch.randn(len(lens), hq, d)
     out = kernels.paged_decode_attention(
         q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32), d**-0.5
     )
     for i in range(len(lens)):
-        ref = _dense_attention(q[i : i + 1], ks[i], vs[i], d**-0.5)
+        ref = dense_attention(q[i : i + 1], ks[i], vs[i], d**-0.5)
         torch.testing.assert_close(out[i : i + 1].double(), ref, atol=1e-5, rtol=1e-5)
         # A batch of one takes a path of its own (no mask): same answer.
         alone = kernels.paged_decode_attention(
@@ -70,9 +35,7 @@ def test_decode_matches_dense(block_size, hq, hkv, d):
 def test_prefill_with_cached_prefix_matches_dense(block_size):
     hq, hkv, d = 6, 2, 64
     totals, news = [20, 5, 33], [20, 3, 9]  # full prefill, short extend, extend mid-block
-    ks = [torch.randn(n, hkv, d) for n in totals]
-    vs = [torch.randn(n, hkv, d) for n in totals]
-    k_cache, v_cache, tables = _scatter_cache(ks, vs, block_size, 32, hkv, d, seed=1)
+    ks, vs, k_cache, v_cache, tables = random_paged_kv(totals, hkv, d, block_size, 32, seed=1)
     q = torch.randn(sum(news), hq, d)
     starts = torch.tensor([0, 20, 23, 32], dtype=torch.int32)
     out = kernels.paged_prefill_attention(
@@ -80,7 +43,7 @@ def test_prefill_with_cached_prefix_matches_dense(block_size):
     )
     for i, (total, new) in enumerate(zip(totals, news, strict=True)):
         lo, hi = int(starts[i]), int(starts[i + 1])
-        ref = _dense_attention(q[lo:hi], ks[i], vs[i], d**-0.5, causal_offset=total - new)
+        ref = dense_attention(q[lo:hi], ks[i], vs[i], d**-0.5, causal_offset=total - new)
         torch.testing.assert_close(out[lo:hi].double(), ref, atol=1e-5, rtol=1e-5)
 
 
@@ -137,7 +100,7 @@ def test_fp8_cache_with_per_head_scales():
         k_scale,
         v_scale,
     )
-    dense = _dense_attention(q, kd, vd, d**-0.5)
+    dense = dense_attention(q, kd, vd, d**-0.5)
     torch.testing.assert_close(out.double(), dense, atol=1e-5, rtol=1e-5)
     qs = torch.randn(11, hq, d)
     out = kernels.paged_prefill_attention(
@@ -151,5 +114,5 @@ def test_fp8_cache_with_per_head_scales():
         k_scale,
         v_scale,
     )
-    dense = _dense_attention(qs, kd, vd, d**-0.5, causal_offset=0)
+    dense = dense_attention(qs, kd, vd, d**-0.5, causal_offset=0)
     torch.testing.assert_close(out.double(), dense, atol=1e-5, rtol=1e-5)

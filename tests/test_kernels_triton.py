@@ -3,14 +3,15 @@ against the torch reference and a dense float64 attention over the same tokens."
 
 import pytest
 import torch
-from test_kernels_torch import _dense_attention, _scatter_cache
+from kernel_cases import dense_attention, random_paged_kv
 from tiny_models import make_tiny_model
 
 import kernels
-from kernels import triton_kernels as tk
+from kernels.triton_common import INTERPRETED
+from kernels.triton_decode import decode_num_splits, paged_decode_attention_triton
 
 pytestmark = pytest.mark.skipif(
-    not tk.INTERPRETED, reason="needs TRITON_INTERPRET=1 before triton is imported"
+    not INTERPRETED, reason="needs TRITON_INTERPRET=1 before triton is imported"
 )
 
 FP8 = torch.float8_e4m3fn
@@ -23,10 +24,10 @@ def _fp8_scales(ks, vs):
     return 2 * k_amax / 448, 2 * v_amax / 448
 
 
-def _paged(ks, vs, block_size, num_blocks, fp8=False, seed=0):
-    """Scattered caches (torch store_kv), plus scales and the values the cache really holds."""
-    hkv, d = ks[0].shape[1:]
-    k_cache, v_cache, tables = _scatter_cache(ks, vs, block_size, num_blocks, hkv, d, seed)
+def _paged(lens, hkv, d, block_size, num_blocks, fp8=False, seed=0):
+    """Random K/V in scattered caches (`random_paged_kv`), plus scales and the values the cache
+    really holds."""
+    ks, vs, k_cache, v_cache, tables = random_paged_kv(lens, hkv, d, block_size, num_blocks, seed)
     if not fp8:
         return k_cache, v_cache, tables, None, None, ks, vs
     k_scale, v_scale = _fp8_scales(ks, vs)
@@ -56,17 +57,15 @@ def _paged(ks, vs, block_size, num_blocks, fp8=False, seed=0):
 def test_decode_matches_torch_and_dense(hq, hkv, d, block_size, fp8, num_splits):
     torch.manual_seed(hq * d + block_size)
     lens = [1, 7, block_size + 1, 130]
-    ks = [torch.randn(n, hkv, d) for n in lens]
-    vs = [torch.randn(n, hkv, d) for n in lens]
-    k_cache, v_cache, tables, k_scale, v_scale, kd, vd = _paged(ks, vs, block_size, 48, fp8)
+    k_cache, v_cache, tables, k_scale, v_scale, kd, vd = _paged(lens, hkv, d, block_size, 48, fp8)
     q = torch.randn(len(lens), hq, d)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     args = (q, k_cache, v_cache, tables, seq_lens, d**-0.5, k_scale, v_scale)
-    out = tk.paged_decode_attention_triton(*args, num_splits=num_splits)
+    out = paged_decode_attention_triton(*args, num_splits=num_splits)
     ref = kernels.paged_decode_attention(*args, backend="torch")
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
     for i in range(len(lens)):
-        dense = _dense_attention(q[i : i + 1], kd[i], vd[i], d**-0.5)
+        dense = dense_attention(q[i : i + 1], kd[i], vd[i], d**-0.5)
         torch.testing.assert_close(out[i : i + 1].double(), dense, atol=2e-5, rtol=2e-5)
 
 
@@ -75,16 +74,14 @@ def test_split_k_merges_many_partitions():
     whole tiles) next to a short one that fills only the first."""
     hq, hkv, d, bs = 4, 2, 64, 16
     lens = [520, 3]
-    ks = [torch.randn(n, hkv, d) for n in lens]
-    vs = [torch.randn(n, hkv, d) for n in lens]
-    k_cache, v_cache, tables = _scatter_cache(ks, vs, bs, 40, hkv, d, seed=3)
+    ks, vs, k_cache, v_cache, tables = random_paged_kv(lens, hkv, d, bs, 40, seed=3)
     q = torch.randn(2, hq, d)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    out = tk.paged_decode_attention_triton(
+    out = paged_decode_attention_triton(
         q, k_cache, v_cache, tables, seq_lens, d**-0.5, num_splits=8
     )
     for i in range(2):
-        dense = _dense_attention(q[i : i + 1], ks[i], vs[i], d**-0.5)
+        dense = dense_attention(q[i : i + 1], ks[i], vs[i], d**-0.5)
         torch.testing.assert_close(out[i : i + 1].double(), dense, atol=2e-5, rtol=2e-5)
 
 
@@ -92,9 +89,7 @@ def test_decode_half_precision_query():
     """float16 q and cache (the GPU dtypes): float32 accumulation keeps the error at fp16's."""
     hq, hkv, d, bs = 8, 2, 64, 16
     lens = [40, 9]
-    ks = [torch.randn(n, hkv, d) for n in lens]
-    vs = [torch.randn(n, hkv, d) for n in lens]
-    k_cache, v_cache, tables = _scatter_cache(ks, vs, bs, 8, hkv, d, seed=4)
+    ks, vs, k_cache, v_cache, tables = random_paged_kv(lens, hkv, d, bs, 8, seed=4)
     q = torch.randn(2, hq, d)
     args = (tables, torch.tensor(lens, dtype=torch.int32), d**-0.5)
     out = kernels.paged_decode_attention(
@@ -102,7 +97,7 @@ def test_decode_half_precision_query():
     )
     assert out.dtype == torch.float16
     for i in range(2):
-        dense = _dense_attention(q[i : i + 1], ks[i], vs[i], d**-0.5)
+        dense = dense_attention(q[i : i + 1], ks[i], vs[i], d**-0.5)
         torch.testing.assert_close(out[i : i + 1].double(), dense, atol=3e-3, rtol=3e-3)
 
 
@@ -114,9 +109,9 @@ def test_prefill_with_cached_prefix_matches_torch_and_dense(hq, hkv, d, block_si
     torch.manual_seed(hq + d + block_size)
     # Full prefill, short extend after a prefix, extend mid-block, a chunk longer than a tile.
     totals, news = [20, 5, 33, 75], [20, 3, 9, 70]
-    ks = [torch.randn(n, hkv, d) for n in totals]
-    vs = [torch.randn(n, hkv, d) for n in totals]
-    k_cache, v_cache, tables, k_scale, v_scale, kd, vd = _paged(ks, vs, block_size, 40, fp8, 1)
+    k_cache, v_cache, tables, k_scale, v_scale, kd, vd = _paged(
+        totals, hkv, d, block_size, 40, fp8, seed=1
+    )
     q = torch.randn(sum(news), hq, d)
     starts = torch.tensor([0, 20, 23, 32, 102], dtype=torch.int32)
     seq_lens = torch.tensor(totals, dtype=torch.int32)
@@ -126,7 +121,7 @@ def test_prefill_with_cached_prefix_matches_torch_and_dense(hq, hkv, d, block_si
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
     for i, (total, new) in enumerate(zip(totals, news, strict=True)):
         lo, hi = int(starts[i]), int(starts[i + 1])
-        dense = _dense_attention(q[lo:hi], kd[i], vd[i], d**-0.5, causal_offset=total - new)
+        dense = dense_attention(q[lo:hi], kd[i], vd[i], d**-0.5, causal_offset=total - new)
         torch.testing.assert_close(out[lo:hi].double(), dense, atol=2e-5, rtol=2e-5)
 
 
@@ -171,8 +166,7 @@ def test_store_kv_strided_input_and_int64_slots():
 
 def test_per_tensor_scale_broadcasts_and_bad_scale_is_rejected():
     hq, hkv, d, bs = 4, 2, 64, 8
-    ks, vs = [torch.randn(10, hkv, d)], [torch.randn(10, hkv, d)]
-    k_cache, v_cache, tables = _scatter_cache(ks, vs, bs, 4, hkv, d)
+    ks, vs, k_cache, v_cache, tables = random_paged_kv([10], hkv, d, bs, 4)
     k8, v8 = k_cache.to(FP8), v_cache.to(FP8)
     one = torch.tensor(0.05)
     slots = torch.tensor([int(tables[0, p // bs]) * bs + p % bs for p in range(10)])
@@ -209,7 +203,7 @@ def test_int64_block_addressing():
     out = kernels.paged_decode_attention(
         q, *args, torch.tensor([n], dtype=torch.int32), d**-0.5, one, one, backend="triton"
     )
-    dense = _dense_attention(q, kq, vq, d**-0.5)
+    dense = dense_attention(q, kq, vq, d**-0.5)
     torch.testing.assert_close(out.double(), dense, atol=2e-5, rtol=2e-5)
     qs = torch.randn(n, hq, d)
     out = kernels.paged_prefill_attention(
@@ -222,16 +216,16 @@ def test_int64_block_addressing():
         one,
         backend="triton",
     )
-    dense = _dense_attention(qs, kq, vq, d**-0.5, causal_offset=0)
+    dense = dense_attention(qs, kq, vq, d**-0.5, causal_offset=0)
     torch.testing.assert_close(out.double(), dense, atol=2e-5, rtol=2e-5)
 
 
 def test_auto_heuristic_splits_long_contexts_at_small_batch():
-    assert tk.decode_num_splits(batch=1, num_kv_heads=8, max_context=8192, num_sms=132) == 32
-    assert tk.decode_num_splits(batch=1, num_kv_heads=8, max_context=512, num_sms=132) == 1
-    assert tk.decode_num_splits(batch=64, num_kv_heads=8, max_context=8192, num_sms=132) == 1
+    assert decode_num_splits(batch=1, num_kv_heads=8, max_context=8192, num_sms=132) == 32
+    assert decode_num_splits(batch=1, num_kv_heads=8, max_context=512, num_sms=132) == 1
+    assert decode_num_splits(batch=64, num_kv_heads=8, max_context=8192, num_sms=132) == 1
     # Partitions never shrink below SPLIT_MIN_PARTITION tokens.
-    assert tk.decode_num_splits(batch=1, num_kv_heads=1, max_context=2048, num_sms=132) == 8
+    assert decode_num_splits(batch=1, num_kv_heads=1, max_context=2048, num_sms=132) == 8
 
 
 def test_backend_resolution():

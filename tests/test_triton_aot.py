@@ -3,15 +3,18 @@ compute capability 7.5 (Turing) to 12.0 (consumer Blackwell), down to a cubin, w
 target's shared memory.
 
 What gets compiled is what the launchers really launch. Each case calls a launcher
-(`store_kv_triton`, `paged_decode_attention_triton`, `paged_prefill_attention_triton`,
-`quantized_matmul_triton`) on CPU tensors shaped like a real model's, with `JITFunction.run`
-swapped for a recorder: the recorded launches carry the launcher's own constexprs (tiles, flags),
-num_warps / num_stages, dtypes and strides. Each launch is then compiled through Triton's JIT
-path (`JITFunction.run(..., warmup=True)`: the JIT's argument specialization, `ASTSource`,
-`triton.compile` to a cubin with the ptxas the triton wheel bundles; no network, no CUDA
-toolkit) against a stand-in driver that reports `GPUTarget("cuda", cc, 32)`. The launchers see
-that driver too, so one that picks tiles by target (the quantized matmul: FMA tiles below sm_80)
-is compiled with the tiles it would pick on that GPU.
+(`triton_store.store_kv_triton`, `triton_decode.paged_decode_attention_triton`,
+`triton_prefill.paged_prefill_attention_triton`, `triton_quant.quantized_matmul_triton`) on CPU
+tensors shaped like a real model's, with `JITFunction.run` swapped for a recorder: the recorded
+launches carry the launcher's own constexprs (tiles, flags), num_warps / num_stages, dtypes and
+strides. Each launch is then compiled through Triton's JIT path (`JITFunction.run(...,
+warmup=True)`: the JIT's argument specialization, `ASTSource`, `triton.compile` to a cubin with
+the ptxas the triton wheel bundles; no network, no CUDA toolkit) against a stand-in driver that
+reports `GPUTarget("cuda", cc, 32)`. The launchers see that driver too, so one that picks tiles
+by target (the quantized matmul: FMA tiles below sm_80) is compiled with the tiles it would pick
+on that GPU. Each compile also records the @triton.jit helpers its code generator inlined (the
+ones its constexprs reach), so the helpers `triton_common` shares are checked to compile inside
+both attention kernels.
 
 The compiles run in worker processes (this file run as a script): conftest sets TRITON_INTERPRET=1
 for the test session, and under it `@triton.jit` gives interpreter functions that do not compile.
@@ -31,6 +34,9 @@ from pathlib import Path
 
 import pytest
 
+# Compiling ~200 kernel variants takes minutes: `make test` runs it, `make test-fast` does not.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 CAPABILITIES = (75, 80, 86, 89, 90, 120)
 FP8_MIN_CC = 89  # engine.config.FP8_MIN_CUDA_CAPABILITY, checked below
@@ -42,6 +48,11 @@ SMEM_LIMIT = {75: 65536, 80: 166912, 86: 101376, 89: 101376, 90: 232448, 120: 10
 HQ, HKV, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 32, 8, 128, 16, 64
 HIDDEN, INTERMEDIATE = 4096, 1024  # a quantized projection [N, K] = [INTERMEDIATE, HIDDEN]
 # Quantized layouts: (bits, group, super-group, d dtype name, sub-scales "none"/"both"/"shared")
+# The modules with @triton.jit code, the kernels that share `triton_common`'s helpers, and the
+# helpers no GPU compile reaches (`triton_quant.EMULATE_BF16` is for the interpreter).
+JIT_MODULES = ("triton_common", "triton_store", "triton_decode", "triton_prefill", "triton_quant")
+ATTENTION_KERNELS = ("_decode_kernel", "_prefill_kernel")
+INTERPRETER_ONLY_HELPERS = {"_round_to_bf16"}
 QUANT_LAYOUTS = {
     "Q4_K": (4, 32, 256, "float16", "both"),
     "int4": (4, 128, 128, "float32", "none"),
@@ -81,18 +92,18 @@ def _caches(cache_dtype):
 def _store(dtype, cache):
     import torch
 
-    from kernels import triton_kernels as tk
+    from kernels.triton_store import store_kv_triton
 
     _, k, v = _qkv(8, _dtype(dtype))
     k_cache, v_cache, k_scale, v_scale = _caches(_dtype(cache))
     slots = torch.arange(8, dtype=torch.int64)
-    tk.store_kv_triton(k, v, k_cache, v_cache, slots, k_scale, v_scale)
+    store_kv_triton(k, v, k_cache, v_cache, slots, k_scale, v_scale)
 
 
 def _decode(dtype, cache, num_splits):
     import torch
 
-    from kernels import triton_kernels as tk
+    from kernels.triton_decode import paged_decode_attention_triton
 
     batch = 4
     q, _, _ = _qkv(batch, _dtype(dtype))
@@ -100,13 +111,13 @@ def _decode(dtype, cache, num_splits):
     tables = torch.zeros(batch, NUM_BLOCKS, dtype=torch.int32)
     seq_lens = torch.full((batch,), 100, dtype=torch.int32)
     args = (q, k_cache, v_cache, tables, seq_lens, HEAD_DIM**-0.5, k_scale, v_scale)
-    tk.paged_decode_attention_triton(*args, num_splits=num_splits)
+    paged_decode_attention_triton(*args, num_splits=num_splits)
 
 
 def _prefill(dtype, cache):
     import torch
 
-    from kernels import triton_kernels as tk
+    from kernels.triton_prefill import paged_prefill_attention_triton
 
     q, _, _ = _qkv(96, _dtype(dtype))
     k_cache, v_cache, k_scale, v_scale = _caches(_dtype(cache))
@@ -114,7 +125,7 @@ def _prefill(dtype, cache):
     starts = torch.tensor([0, 64, 96], dtype=torch.int32)
     seq_lens = torch.tensor([64, 40], dtype=torch.int32)
     args = (q, k_cache, v_cache, tables, starts, seq_lens, HEAD_DIM**-0.5, k_scale, v_scale)
-    tk.paged_prefill_attention_triton(*args)
+    paged_prefill_attention_triton(*args)
 
 
 def _quant(dtype, layout, m):
@@ -197,10 +208,26 @@ def _record_launches(call) -> list:
     return launches
 
 
+def _record_inlined(inlined: set) -> None:
+    """From now on, add the name of every @triton.jit function a kernel's code generator
+    inlines (a call it generates code for) to `inlined`."""
+    from triton.compiler.code_generator import CodeGenerator
+
+    real = CodeGenerator.call_JitFunction
+
+    def record(self, fn, *args, **kwargs):
+        inlined.add(fn.__name__)
+        return real(self, fn, *args, **kwargs)
+
+    CodeGenerator.call_JitFunction = record
+
+
 def _compile_items(items: list) -> list[dict]:
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
 
+    inlined = set()
+    _record_inlined(inlined)
     results = []
     for case, cc in items:
         builder, args, _ = CASES[case]
@@ -216,10 +243,11 @@ def _compile_items(items: list) -> list[dict]:
         for fn, fn_args, kwargs in launches:
             start = time.perf_counter()
             row = dict(case=case, cc=cc, kernel=fn.__name__, num_warps=kwargs.get("num_warps"))
+            inlined.clear()
             try:
                 compiled = JITFunction.run(fn, *fn_args, grid=(1,), warmup=True, **kwargs)
                 assert "cubin" in compiled.asm, "no cubin came out"
-                row.update(ok=True, shared=compiled.metadata.shared)
+                row.update(ok=True, shared=compiled.metadata.shared, inlined=sorted(inlined))
             except Exception:
                 row.update(ok=False, error=traceback.format_exc()[-4000:])
             row["seconds"] = round(time.perf_counter() - start, 2)
@@ -304,21 +332,40 @@ def test_kernel_compiles(compiled, case, cc):
         )
 
 
+def _jit_functions() -> dict[str, str]:
+    """name -> module for each @triton.jit function the kernels package defines."""
+    import importlib
+
+    functions = {}
+    for module_name in JIT_MODULES:
+        module = importlib.import_module(f"kernels.{module_name}")
+        for name, obj in vars(module).items():
+            if hasattr(obj, "fn") and obj.fn.__module__ == module.__name__:
+                functions[name] = module_name
+    return functions
+
+
 def test_every_kernel_is_covered(compiled):
-    """Each @triton.jit kernel of the kernels package is compiled by some case on every cc."""
-    import inspect
-
-    from kernels import triton_kernels, triton_quant
-
-    kernel_names = {
-        name
-        for module in (triton_kernels, triton_quant)
-        for name, obj in inspect.getmembers(module)
-        if name.endswith("_kernel") and hasattr(obj, "fn")
-    }
+    """Each @triton.jit kernel of the kernels package is compiled by some case on every cc; each
+    helper `triton_common` defines is inlined into both attention kernels on every cc; every
+    other helper is inlined into some compiled kernel, unless it serves the interpreter only."""
+    functions = _jit_functions()
+    kernel_names = {name for name in functions if name.endswith("_kernel")}
+    shared = {name for name, module in functions.items() if module == "triton_common"}
+    assert shared, "triton_common defines no @triton.jit helper"
+    rows = [row for item_rows in compiled.values() for row in item_rows if row["ok"]]
     for cc in CAPABILITIES:
-        seen = {row["kernel"] for (_, c), rows in compiled.items() if c == cc for row in rows}
+        seen = {row["kernel"] for row in rows if row["cc"] == cc}
         assert kernel_names <= seen, f"sm_{cc}: never compiled {sorted(kernel_names - seen)}"
+        for kernel in ATTENTION_KERNELS:
+            inlined = set().union(
+                *(row["inlined"] for row in rows if row["cc"] == cc and row["kernel"] == kernel)
+            )
+            missing = shared - inlined
+            assert not missing, f"sm_{cc}: {kernel} never compiled with {sorted(missing)} inlined"
+    helpers = set(functions) - kernel_names - shared - INTERPRETER_ONLY_HELPERS
+    inlined_anywhere = set().union(*(row["inlined"] for row in rows))
+    assert helpers <= inlined_anywhere, f"never compiled: {sorted(helpers - inlined_anywhere)}"
 
 
 if __name__ == "__main__":

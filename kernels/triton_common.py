@@ -1,0 +1,122 @@
+"""What the Triton kernels share: for the attention kernels (decode, prefill) the online-softmax
+tile over the paged cache and the fp8 scale fold; for every launcher (the quantized matmul's too)
+the argument checks and conversions and whether Triton runs interpreted.
+
+Every attention kernel reads the cache through the block table one token tile at a time (token ->
+block id -> slot), so any block size works with tiles big enough for `tl.dot`. Block ids are
+widened to int64 before they meet a stride: a pool of a few GiB overflows int32 element offsets.
+Softmax runs online in base 2 (`exp2`, so the launchers pass `scale * LOG2E`), float32
+throughout; fp8 caches are dequantized on load by folding the per-KV-head scale into the scores
+(K) and the output (V) rather than into every element.
+
+With TRITON_INTERPRET=1 set before this module is imported, the kernels run on CPU tensors in
+Triton's interpreter: that is how the tests check them on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from kernels.torch_ref import kv_scale_per_head
+
+LOG2E = math.log2(math.e)
+
+
+@triton.jit
+def fold_kv_scale(x, scale_ptr, kv_head, HAS_SCALE: tl.constexpr):
+    """x times KV head `kv_head`'s fp8 scale, or x itself without one: K's scale folds into the
+    scores' scale, V's into the output."""
+    if HAS_SCALE:
+        x = x * tl.load(scale_ptr + kv_head)
+    return x
+
+
+@triton.jit
+def attend_kv_tile(
+    q,
+    acc,
+    m_i,
+    l_i,
+    k_cache_ptr,
+    v_cache_ptr,
+    table,
+    pos,
+    valid,
+    visible,
+    block_size,
+    kv_head,
+    stride_kcb,
+    stride_kcs,
+    stride_kch,
+    stride_vcb,
+    stride_vcs,
+    stride_vch,
+    d,
+    d_mask,
+    scale,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step: the query rows `q` [ROWS, BLOCK_D] against the context tokens
+    `pos` [BLOCK_N] of one sequence (`table`: its block table row) in KV head `kv_head`.
+    Returns the running (acc, m_i, l_i).
+
+    `valid` says which tokens exist (the rest are not loaded), `visible` which scores count
+    (broadcast against [ROWS, BLOCK_N]; causal masking lives there). `scale` carries log2(e), so
+    the running max m_i and sum l_i are in base 2."""
+    block = tl.load(table + pos // block_size, mask=valid, other=0).to(tl.int64)
+    offset = pos % block_size
+    kv_mask = valid[:, None] & d_mask[None, :]
+    k_off = block * stride_kcb + offset * stride_kcs + kv_head * stride_kch
+    k = tl.load(k_cache_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v_off = block * stride_vcb + offset * stride_vcs + kv_head * stride_vch
+    v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+# True when TRITON_INTERPRET=1 was set before import: the kernels then take CPU tensors.
+INTERPRETED = isinstance(fold_kv_scale, InterpretedFunction)
+
+
+def gqa_group(num_q_heads: int, num_kv_heads: int) -> int:
+    """Query heads per KV head; a ValueError where they do not divide."""
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    return num_q_heads // num_kv_heads
+
+
+def scale_arg(scale: torch.Tensor | None, num_kv_heads: int, like: torch.Tensor) -> torch.Tensor:
+    """A KV scale as the kernels read it, float32 [Hkv]; without one, `like` stands in for the
+    pointer (the kernel's HAS_*_SCALE is False and never reads it)."""
+    if scale is None:
+        return like
+    return kv_scale_per_head(scale, num_kv_heads).contiguous()
+
+
+def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its rows are contiguous (the kernels take any other stride), else a copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """`tl.dot`'s input_precision for operands of `dtype`."""
+    # float32 models keep float32 products; TF32 would cost them ~3 decimal digits.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
+    """A cache's (block, slot, head) strides; its head dimension must be contiguous."""
+    if cache.stride(-1) != 1:
+        raise ValueError("KV cache's head dimension must be contiguous (stride 1)")
+    return cache.stride(0), cache.stride(1), cache.stride(2)
