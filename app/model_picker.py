@@ -8,8 +8,6 @@ per token, blocks and tokens in the pool.
 
 from __future__ import annotations
 
-import math
-
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QComboBox,
@@ -26,14 +24,9 @@ from PySide6.QtWidgets import (
 
 from engine import planner
 from engine.model.model_config import ModelConfig
+from engine.weight_fit import count_parameters, resolve_for_weights, weight_fit
 
 SOURCES = ("Bundled SmolLM2-135M-Instruct", "GGUF file", "HF model folder")
-
-
-def count_parameters(mc: ModelConfig) -> int:
-    from engine.model.loader import expected_weight_shapes
-
-    return sum(math.prod(shape) for shape in expected_weight_shapes(mc).values())
 
 
 def format_count(n: int) -> str:
@@ -132,12 +125,7 @@ class ModelPicker(QGroupBox):
             self.prediction.setText("")
             return
         try:
-            config = engine_settings.engine_config()
-            if self._header is not None:  # the dtype "auto" resolves to depends on the weights
-                from engine.weight_plan import weights_quantized
-
-                kinds = self._header[1]
-                config.weights_quantized = weights_quantized(kinds, config.quantization)
+            config = resolve_for_weights(engine_settings.engine_config(), self._header)
             kv_dtype = planner.dtype_name(config.kv_torch_dtype)
             per_token = planner.bytes_per_token(
                 mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype
@@ -176,31 +164,20 @@ class ModelPicker(QGroupBox):
 
     def _weight_lines(self, config) -> list[str]:
         """Weights as the engine will keep them, and whether they fit what is free."""
-        from engine.model_build import free_memory
-        from engine.weight_plan import plan_weights
-
         if self._header is None or self._config is None:
             return []
-        shapes, kinds = self._header
-        wp = plan_weights(
-            shapes,
-            kinds,
-            config.quantization,
-            config.torch_device,
-            config.torch_dtype,
-            self._config.tie_word_embeddings,
-        )
+        fit = weight_fit(config, self._header, self._config.tie_word_embeddings)
+        wp = fit.plan
         dtype = str(config.torch_dtype).removeprefix("torch.")
         line = (
             f"Weights: {'+'.join(wp.formats)} kept as {wp.layout}, "
             f"{wp.runtime_bytes / 2**30:.2f} GiB (+{wp.load_peak_bytes / 2**30:.2f} GiB while "
             f"loading), compute in {dtype}"
         )
-        free = free_memory(config.torch_device)
-        if free is not None:
+        if fit.free_bytes is not None:
             where = "GPU" if config.torch_device.type == "cuda" else "RAM"
-            line += f"; {free / 2**30:.1f} GiB {where} free"
-            if wp.total_bytes > free:
+            line += f"; {fit.free_bytes / 2**30:.1f} GiB {where} free"
+            if not fit.fits:
                 line += " — <b>does not fit</b>"
         return [line]
 

@@ -5,10 +5,11 @@ import json
 import pytest
 from PIL import Image
 
-from app.bench.allocator_bench import compare_allocators, measure_snapshot_cost
+from app.bench.allocator_bench import compare_allocators
 from app.bench.hf_baseline import load_hf_model, useful_token_count
 from app.bench.run import BenchSettings, benchmark
 from app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
+from engine.bench.snapshot_cost import measure_snapshot_cost
 
 TINY = dict(
     num_requests=3,
@@ -80,6 +81,7 @@ def test_bench_without_hf_leaves_hf_figures_empty(tmp_path, default_model):
     _check_png(tmp_path / "bench.png")
 
 
+@pytest.mark.slow
 def test_sharing_figures(default_model):
     ttft = measure_prefix_ttft(default_model)
     # Every agent question after the first finds the shared system prompt's full blocks.

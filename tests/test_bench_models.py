@@ -2,11 +2,14 @@
 
 import json
 
+import pytest
+
 from app.bench.models_bench import run_models_bench
-from app.bench.synthetic_gguf import Shape
+from engine.bench.synthetic_gguf import Shape
 from engine.model.loader import load_model
 
 
+@pytest.mark.slow
 def test_models_bench_end_to_end(tmp_path):
     tiny = Shape("tiny", layers=2, hidden=256, intermediate=512, heads=4, kv_heads=2, context=256)
     report = run_models_bench(tmp_path / "out", tmp_path / "cache", shapes=[tiny])

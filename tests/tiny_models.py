@@ -13,6 +13,7 @@ import transformers
 from transformers import AutoTokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from engine.bench.synthetic_gguf import Shape, add_shape_metadata
 from engine.model.loader import default_model_path
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -145,17 +146,21 @@ def make_tiny_gguf(
 
 def _write_metadata(writer: gguf.GGUFWriter, config) -> None:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
+    shape = Shape(
+        "tiny",
+        layers=config.num_hidden_layers,
+        hidden=config.hidden_size,
+        intermediate=config.intermediate_size,
+        heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads,
+        context=config.max_position_embeddings,
+    )
+    add_shape_metadata(
+        writer, shape, head_dim, config.rope_parameters["rope_theta"], config.rms_norm_eps
+    )
+    # Qwen3's head dim is not hidden / heads: the file says so, as llama.cpp's converter does.
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
 
 
 def _gguf_name(hf_name: str) -> str:

@@ -1,4 +1,5 @@
-"""Paged vs the naive contiguous allocator on the same pool, and what a KVSnapshot costs.
+"""Paged vs the naive contiguous allocator on the same pool, and what a KVSnapshot costs
+(measured in `engine.bench.snapshot_cost`: it feeds the pool's observers directly).
 
 Both engines get the same number of blocks and the same max_model_len and run the same chat
 requests, all submitted at once. The contiguous one reserves max_model_len for every sequence at
@@ -12,16 +13,12 @@ import time
 import numpy as np
 
 from engine import LLM, SamplingParams
-from engine.kv.events import EventLog
-from engine.kv.shadow import ContiguousShadow
-from engine.kv.telemetry import PoolTelemetry
+from engine.bench.snapshot_cost import measure_snapshot_cost
 from engine.model.loader import LoadedModel
 
 CONCURRENCY_TARGET = 2.5  # paged peak concurrent sequences over contiguous
 PAGED_SHARE_TARGET = 0.92  # paged useful-slot share at block size 16
 CONTIGUOUS_SHARE_BAND = (0.20, 0.40)  # what the PagedAttention paper reports for static schemes
-SNAPSHOT_BLOCKS = 100_000
-SNAPSHOT_TARGET_MS = 5.0
 
 
 def run_allocator(
@@ -50,7 +47,7 @@ def run_allocator(
         for out in engine.step():
             if out.finished:
                 generated += len(out.outputs[0].token_ids)
-        m = engine.kv_snapshot().metrics
+        m = llm.kv_snapshot().metrics
         if m.slots_held:
             shares.append(m.useful_slot_share)
         running.append(m.num_running)
@@ -71,49 +68,6 @@ def run_allocator(
         "tokens_per_s": generated / wall,
         "num_steps": stats["num_steps"],
         "num_preemptions": stats["num_preemptions"],
-    }
-
-
-def measure_snapshot_cost(num_blocks: int = SNAPSHOT_BLOCKS, repeats: int = 21) -> dict:
-    """Fill a pool of `num_blocks` through the event stream, then time snapshots of it."""
-    block_size = 16
-    log = EventLog()
-    telemetry = PoolTelemetry(num_blocks, block_size)
-    num_seqs = 64
-    per_seq = num_blocks // num_seqs
-    shadow = ContiguousShadow(num_blocks, block_size, per_seq * block_size)
-    log.subscribe(telemetry)
-    log.subscribe(shadow)
-    lens = []
-    for s in range(num_seqs):
-        tokens = per_seq * block_size - 5  # a partly filled last block each
-        log.emit("add", s, request_id=f"load-{s}/0", sample=0, num_prompt_tokens=tokens)
-        log.emit("admit", s, query_tokens=tokens, hit_tokens=0, first=True)
-        log.emit("alloc", s, range(s * per_seq, (s + 1) * per_seq), 0)
-        lens.append((s, tokens, tokens))
-    log.step = 1
-    log.emit("progress", lens=lens)
-
-    def timed(fn) -> list[float]:
-        out = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t) * 1e3)
-        return out
-
-    pool_ms = timed(telemetry.snapshot)
-    shadow_ms = timed(shadow.snapshot)
-    snap = telemetry.snapshot()
-    return {
-        "num_blocks": num_blocks,
-        "num_sequences": num_seqs,
-        "blocks_used": snap.metrics.blocks_used,
-        "snapshot_ms_median": float(np.median(pool_ms)),
-        "snapshot_ms_min": float(np.min(pool_ms)),
-        "shadow_snapshot_ms_median": float(np.median(shadow_ms)),
-        "target_ms": SNAPSHOT_TARGET_MS,
-        "met": float(np.median(pool_ms)) < SNAPSHOT_TARGET_MS,
     }
 
 

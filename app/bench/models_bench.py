@@ -1,10 +1,10 @@
 """`kvscope bench --models`: what loading a model the size people run costs, kept quantized or not.
 
-For each synthetic GGUF (`synthetic_gguf`) and each quantization mode, a fresh process loads it
-on the CPU, with its tokenizer already converted and cached as after a first load, and decodes
-at batch 1 and 16 (`model_probe`). Reported per run:
+For each synthetic GGUF (`engine.bench.synthetic_gguf`) and each quantization mode, a fresh
+process loads it on the CPU, with its tokenizer already converted and cached as after a first
+load, and decodes at batch 1 and 16 (`model_probe`). Reported per run:
 file size, load time, peak RSS, RSS after load, decode tokens/s; beside them the planner's
-prediction for the same load (`engine.weight_plan`) and the issue's target, peak RSS <= 1.3 x
+prediction for the same load (`engine.bench.load_plan`) and the issue's target, peak RSS <= 1.3 x
 the file + the KV pool + 600 MB. JSON + PNG.
 """
 
@@ -17,39 +17,14 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from app.bench.synthetic_gguf import SHAPES, ensure_synthetic_gguf
-from engine.config import EngineConfig
-from engine.model.gguf_file import read_gguf
-from engine.model.gguf_loader import GGUFSource, gguf_config
+from engine.bench.load_plan import planned_cpu_load
+from engine.bench.synthetic_gguf import SHAPES, ensure_synthetic_gguf
 from engine.model.loader import load_model
-from engine.weight_plan import RUNTIME_OVERHEAD, plan_weights, weights_quantized
 
 KV_BYTES = 256 << 20
 TARGET_FACTOR, TARGET_SLACK = 1.3, 600 * 10**6
 QUANTIZATIONS = ("auto", "none")
 GIB = 2**30
-
-
-def planned(path: Path, quantization: str) -> dict:
-    gguf_file = read_gguf(path)
-    source = GGUFSource(gguf_file, {})
-    kinds = source.kinds()
-    # The dtype "auto" resolves to on a CPU, exactly as the engine resolves it.
-    config = EngineConfig(device="cpu", quantization=quantization)
-    config.weights_quantized = weights_quantized(kinds, quantization)
-    plan = plan_weights(
-        source.shapes(),
-        kinds,
-        quantization,
-        config.torch_device,
-        config.torch_dtype,
-        gguf_config(gguf_file).tie_word_embeddings,
-    )
-    return {
-        "weights": plan.runtime_bytes,
-        "load_peak": plan.load_peak_bytes,
-        "total": plan.total_bytes + KV_BYTES + RUNTIME_OVERHEAD,
-    }
 
 
 def probe(path: Path, quantization: str, timeout_s: float) -> dict:
@@ -85,7 +60,7 @@ def run_models_bench(
                 "file": str(path),
                 "file_bytes": file_bytes,
                 "quantization": quantization,
-                "planned": planned(path, quantization),
+                "planned": planned_cpu_load(path, quantization, KV_BYTES),
                 "target_peak_rss": int(target),
                 **result,
             }

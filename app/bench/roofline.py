@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.model.model_config import ModelConfig
-
 
 @dataclass
 class Roofline:
@@ -34,11 +32,6 @@ def measure_read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
         buffer.sum()
         best = min(best, time.perf_counter() - start)
     return buffer.numel() * buffer.element_size() / best
-
-
-def kv_bytes_per_token(cfg: ModelConfig, context_tokens: float, element_size: int) -> float:
-    """K and V of every layer over the whole context: what one decode step's attention reads."""
-    return 2 * cfg.num_layers * context_tokens * cfg.num_kv_heads * cfg.head_dim * element_size
 
 
 def decode_roofline(bandwidth: float, weight_bytes: int, kv_bytes: float) -> Roofline:

@@ -15,7 +15,7 @@ from app.bench.engine_bench import DecodeTiming, measure_engine_decode, run_engi
 from app.bench.hf_baseline import HFRunResult, load_hf_model, measure_hf_decode, run_hf_batched
 from app.bench.machine import ContentionMeter, machine_info
 from app.bench.plot import plot_bench
-from app.bench.roofline import decode_roofline, kv_bytes_per_token, measure_read_bandwidth
+from app.bench.roofline import decode_roofline, measure_read_bandwidth
 from app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
 from app.bench.workload import load_chat_workload
 from engine import LLM, SamplingParams
@@ -131,10 +131,10 @@ def benchmark(
             allocators = compare_allocators(loaded, prompts, max_tokens)
     with meter.phase("bandwidth"):
         bandwidth = measure_read_bandwidth(settings.bandwidth_bytes)
-    kv_bytes = kv_bytes_per_token(
-        loaded.config, ours_decode.mean_context_tokens, llm.config.kv_torch_dtype.itemsize
-    )
-    roofline = decode_roofline(bandwidth, engine.model.weight_bytes(), kv_bytes)
+    # K and V of every layer over the whole context: what one decode step's attention reads.
+    kv_token_bytes = loaded.config.kv_bytes_per_token(llm.config.kv_torch_dtype.itemsize)
+    kv_bytes = kv_token_bytes * ours_decode.mean_context_tokens
+    roofline = decode_roofline(bandwidth, llm.stats()["weight_bytes"], kv_bytes)
 
     speedup = ours.useful_tokens_per_s / hf_static.useful_tokens_per_s if hf_static else None
     roofline_share = ours_decode.tokens_per_s / roofline.tokens_per_s

@@ -6,7 +6,9 @@ Q4_K everywhere except the output head and, in every other layer, attn_v and ffn
 get Q6_K (llama.cpp's "use more bits" rule puts them in about half the layers); or Q4_0 for
 every matrix. Blocks are random bytes with small float16 scales: every bit pattern is a valid
 block.
-Files are cached under the user cache dir and rebuilt only when missing.
+Files are cached under the user cache dir and rebuilt only when missing. The writer lives with
+the engine: it reads the bundled model through the engine's GGUF reader, and the header it writes
+is the one the engine's loader (and the tests' tiny GGUFs) rely on.
 """
 
 from __future__ import annotations
@@ -66,15 +68,7 @@ def write_synthetic_gguf(shape: Shape, path: Path, seed: int = 0) -> None:
     vocab = len(bundled.metadata["tokenizer.ggml.tokens"])
     head_dim = shape.hidden // shape.heads
     writer = gguf.GGUFWriter(path, "llama")
-    writer.add_block_count(shape.layers)
-    writer.add_context_length(shape.context)
-    writer.add_embedding_length(shape.hidden)
-    writer.add_feed_forward_length(shape.intermediate)
-    writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
+    add_shape_metadata(writer, shape, head_dim)
     for key, value in bundled.metadata.items():
         if key.startswith("tokenizer."):
             _copy_metadata(writer, key, value)
@@ -100,6 +94,26 @@ def write_synthetic_gguf(shape: Shape, path: Path, seed: int = 0) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def add_shape_metadata(
+    writer: gguf.GGUFWriter,
+    shape: Shape,
+    head_dim: int,
+    rope_theta: float = 10000.0,
+    rms_norm_eps: float = 1e-5,
+) -> None:
+    """The header keys that give a Llama-family GGUF its shape, as llama.cpp's converter names
+    them (tests' tiny GGUFs write theirs with it too)."""
+    writer.add_block_count(shape.layers)
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_feed_forward_length(shape.intermediate)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(rope_theta)
+    writer.add_layer_norm_rms_eps(rms_norm_eps)
 
 
 def _copy_metadata(writer: gguf.GGUFWriter, key: str, value) -> None:

@@ -1,0 +1,48 @@
+"""Before loading: what a model's weights will cost under an EngineConfig, and whether they fit.
+
+The app's settings dialog shows these figures while the user picks a model. They come from the
+same weight plan the engine's own fit check uses (engine.model_build.check_fits), so the dialog
+and the engine cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from engine.config import EngineConfig
+from engine.model.loader import expected_weight_shapes
+from engine.model.model_config import ModelConfig
+from engine.model_build import free_memory
+from engine.weight_plan import WeightPlan, plan_weights, weights_quantized
+
+WeightsHeader = tuple[dict, dict]  # tensor shapes and stored kinds (engine.planner.weights_header)
+
+
+@dataclass(frozen=True)
+class WeightFit:
+    plan: WeightPlan
+    free_bytes: int | None  # on the config's device; None where it cannot be read
+
+    @property
+    def fits(self) -> bool:
+        return self.free_bytes is None or self.plan.total_bytes <= self.free_bytes
+
+
+def count_parameters(mc: ModelConfig) -> int:
+    return sum(math.prod(shape) for shape in expected_weight_shapes(mc).values())
+
+
+def resolve_for_weights(config: EngineConfig, header: WeightsHeader | None) -> EngineConfig:
+    """`config` as the engine will see it for these weights: dtype "auto" depends on whether
+    any weight stays quantized."""
+    if header is None:
+        return config
+    return replace(config, weights_quantized=weights_quantized(header[1], config.quantization))
+
+
+def weight_fit(config: EngineConfig, header: WeightsHeader, tied: bool) -> WeightFit:
+    shapes, kinds = header
+    device = config.torch_device
+    plan = plan_weights(shapes, kinds, config.quantization, device, config.torch_dtype, tied)
+    return WeightFit(plan, free_memory(device))

@@ -1,0 +1,130 @@
+"""The app reaches the engine and the kernels only through their public surface.
+
+Every import in app/**/*.py of an engine or kernels module is checked against the public set
+below (an `import kernels` also by the attributes read off it). Anything else is an engine
+internal: a benchmark that needs one belongs in `engine.bench`, a fact the app needs gets a
+public accessor.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Module -> the names the app may import from it (None: any).
+ENGINE_PUBLIC: dict[str, set[str] | None] = {
+    "engine": None,  # LLM, SamplingParams, BeamSearchParams, EngineConfig, outputs
+    "engine.config": None,  # the knob list the settings and the CLI are derived from
+    "engine.planner": None,
+    "engine.device_memory": None,
+    "engine.kv.snapshot": None,  # KVSnapshot and its parts, what the block map draws
+    "engine.model.loader": {"load_model", "default_model_path", "LoadedModel"},
+    "engine.model.model_config": {"ModelConfig"},  # what engine.planner.model_config returns
+    "engine.weight_fit": None,  # the weights' cost and fit before loading, for the dialog
+    "engine.kv.replay": {"replay_events"},  # a recording back into snapshots
+}
+ENGINE_BENCH = "engine.bench"  # the engine's own benchmarks, for `kvscope bench`
+KERNELS_PUBLIC = {
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "store_kv",
+    "quantized_matmul",
+}
+
+
+def _module_of(parent: str, name: str) -> str | None:
+    """`parent.name` when `from parent import name` imports a submodule, else None."""
+    try:
+        return f"{parent}.{name}" if importlib.util.find_spec(f"{parent}.{name}") else None
+    except ModuleNotFoundError:
+        return None
+
+
+def _ours(module: str) -> bool:
+    return module.split(".")[0] in ("engine", "kernels")
+
+
+def _public(module: str, name: str | None) -> bool:
+    if module == ENGINE_BENCH or module.startswith(ENGINE_BENCH + "."):
+        return True
+    if module == "kernels":
+        return name in KERNELS_PUBLIC
+    if module not in ENGINE_PUBLIC:
+        return False
+    names = ENGINE_PUBLIC[module]
+    return name is None or names is None or name in names
+
+
+def _internal_imports(path: Path) -> set[tuple[str, str]]:
+    """(module, what) for each import of an engine/kernels internal in one file."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[tuple[str, str]] = set()
+    kernel_aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "kernels":
+                    kernel_aliases.add(alias.asname or "kernels")
+                elif _ours(alias.name) and not _public(alias.name, None):
+                    found.add((alias.name, "*"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and _ours(node.module or ""):
+            for alias in node.names:
+                module = _module_of(node.module, alias.name)
+                target, name = (module, None) if module else (node.module, alias.name)
+                if not _public(target, name):
+                    found.add((target, name or "*"))
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in kernel_aliases
+            and node.attr not in KERNELS_PUBLIC
+        ):
+            found.add(("kernels", node.attr))
+    return found
+
+
+def _app_internal_imports() -> dict[tuple[str, str], set[tuple[str, str]]]:
+    """(file, module) -> the internal names it imports from that module, over app/**/*.py."""
+    found: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for path in sorted((ROOT / "app").rglob("*.py")):
+        for module, name in _internal_imports(path):
+            key = (path.relative_to(ROOT).as_posix(), module)
+            found.setdefault(key, set()).add((module, name))
+    return found
+
+
+def test_app_imports_only_public_engine_and_kernels():
+    found = _app_internal_imports()
+    assert not found, (
+        f"app imports engine/kernels internals: {found}; use the public API, move the "
+        "code into engine.bench, or give the engine a public accessor"
+    )
+
+
+def test_the_check_sees_internal_imports(tmp_path):
+    """The checker itself: each way of reaching an internal is caught, the public ones are not."""
+    source = tmp_path / "sample.py"
+    source.write_text(
+        "import kernels\n"
+        "import engine.kv.events\n"
+        "from engine import LLM\n"
+        "from engine.kv import telemetry\n"
+        "from engine.kv.snapshot import KVSnapshot\n"
+        "from engine.model.loader import load_model, expected_weight_shapes\n"
+        "from engine.bench.snapshot_cost import measure_snapshot_cost\n"
+        "from kernels import store_kv\n"
+        "from kernels.triton_decode import decode_num_splits\n"
+        "kernels.paged_decode_attention\n"
+        "kernels.resolve_backend\n"
+    )
+    assert _internal_imports(source) == {
+        ("engine.kv.events", "*"),
+        ("engine.kv.telemetry", "*"),
+        ("engine.model.loader", "expected_weight_shapes"),
+        ("kernels.triton_decode", "decode_num_splits"),
+        ("kernels", "resolve_backend"),
+    }
