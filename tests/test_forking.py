@@ -84,6 +84,7 @@ def test_seeded_n_samples_are_reproducible(llm):
     _assert_clean(llm)
 
 
+@pytest.mark.slow
 def test_beam_search_matches_hf(llm, hf_default, chat_prompts):
     width, max_tokens = 4, 16
     for text in chat_prompts[:3]:
