@@ -3,7 +3,9 @@
 It turns the chat widgets' requests (send, edit, stop, regenerate, switch chats) into store writes
 and engine requests, and the engine's answers back into the chat view. A user message is committed
 when sent; a reply is committed when it finishes or is stopped (partial text, marked stopped), so
-a crash loses at most the reply in flight. The window builds the widgets and hands them here.
+a crash loses at most the reply in flight. Each chat keeps its own sampling settings (new chats
+start from the app's defaults), and a reply always reads the chat as stored, after any edit still
+waiting to be saved. The window builds the widgets and hands them here.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.chat.chat_view import ChatView
+from app.chat.context_meter import ContextMeterFeed
 from app.chat.conversation_list import ConversationList
-from app.chat.store import ChatStore
+from app.chat.markdown import plain_text
+from app.chat.store import ChatStore, Conversation
 from app.engine_client import EngineClient
 from app.engine_messages import ReplyUpdate
 from app.request_ids import conversation_group, conversation_request_id
+from app.settings import SamplingSettings
 
 NEW_CHAT_TITLE = "New chat"
 STREAM_REDRAW_MS = 80
@@ -55,6 +60,7 @@ class ChatController(QObject):
         conversations: ConversationList,
         client: EngineClient,
         overflow_policy: Callable[[], str],
+        default_sampling: Callable[[], SamplingSettings],
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
@@ -63,6 +69,7 @@ class ChatController(QObject):
         self.conversations = conversations
         self.client = client
         self._overflow_policy = overflow_policy
+        self._default_sampling = default_sampling
         self.current_id: int | None = None
         self.pending: dict[int, PendingReply] = {}
         self._by_request: dict[str, int] = {}
@@ -79,13 +86,22 @@ class ChatController(QObject):
         chat.regenerate_requested.connect(self.regenerate)
         chat.alternative_selected.connect(self._select_alternative)
         chat.system_prompt_changed.connect(self._system_prompt_changed)
+        chat.sampling.changed.connect(self._sampling_changed)
+        self.context_meter = ContextMeterFeed(
+            chat.context_meter, chat, client, store.messages, lambda: self.current_id, self
+        )
+        self.in_flight_changed.connect(self.context_meter.refresh)
         # Bound methods of this object only: a lambda would run in the worker's thread.
         client.request_output.connect(self._on_output)
         client.request_failed.connect(self._on_request_failed)
 
     # ---- conversations --------------------------------------------------------------------
     def new_conversation(self) -> int:
-        conv = self.store.create_conversation(NEW_CHAT_TITLE)
+        """A new chat, with the app's default sampling settings (or, when no chat was open, the
+        ones the panel shows: the user may have set them for this first chat)."""
+        none_open = self.current_id is None
+        chosen = self.chat.sampling.settings() if none_open else self._default_sampling()
+        conv = self.store.create_conversation(NEW_CHAT_TITLE, sampling=chosen.params_kwargs())
         self.conversations.search.clear()
         self.conversations.refresh()
         self.open_conversation(conv.id)
@@ -99,9 +115,12 @@ class ChatController(QObject):
         self._render_current()
 
     def _render_current(self) -> None:
+        self.chat.flush_system_prompt()  # before reading the chat back, or the box goes stale
         cid = self.current_id
         conv = self.store.conversation(cid) if cid is not None else None
         self.chat.set_conversation(conv, self.store.messages(cid) if conv else [])
+        self.chat.sampling.set_settings(self.sampling_of(conv))
+        self.context_meter.refresh()
         pending = self.pending.get(cid) if cid is not None else None
         self.chat.set_generating(pending is not None)
         if pending is not None:
@@ -132,6 +151,23 @@ class ChatController(QObject):
     def _system_prompt_changed(self, conversation_id: int, text: str) -> None:
         if any(c.id == conversation_id for c in self.store.conversations()):  # not deleted
             self.store.set_system_prompt(conversation_id, text)
+
+    def sampling_of(self, conversation: Conversation | None) -> SamplingSettings:
+        """A chat's own sampling settings; the defaults for none, an older chat or a bad entry."""
+        if conversation is None or conversation.sampling is None:
+            return self._default_sampling()
+        try:
+            return SamplingSettings.from_dict(conversation.sampling)
+        except ValueError:  # e.g. written by a newer KVScope with other limits
+            return self._default_sampling()
+
+    def _sampling_changed(self, sampling: SamplingSettings) -> None:
+        if self.current_id is None:
+            return  # no chat yet: the first one starts from what the panel shows
+        try:
+            self.store.set_sampling(self.current_id, sampling.params_kwargs())
+        except (sqlite3.Error, OSError) as e:
+            self.notice_raised.emit(f"The chat's sampling settings could not be saved: {e}")
 
     def refresh_group_labels(self) -> None:
         labels = {conversation_group(c.id): c.title for c in self.store.conversations()}
@@ -202,12 +238,13 @@ class ChatController(QObject):
         return pending.request_id if pending else None
 
     def _start_reply(self, cid: int) -> None:
+        self.chat.flush_system_prompt()  # an edit typed just before Send goes with this reply
         conv = self.store.conversation(cid)
         turns = [{"role": m.role, "content": m.content} for m in self.store.messages(cid)]
         request_id = conversation_request_id(cid, next(self._ids))
         self.pending[cid] = PendingReply(request_id, cid)
         self._by_request[request_id] = cid
-        params = self.chat.sampling.settings().params_kwargs()
+        params = self.sampling_of(conv).params_kwargs()
         self.client.submit(request_id, conv.system_prompt, turns, params, self._overflow_policy())
         self.conversations.set_generating(cid, True)
         if cid == self.current_id:
@@ -315,5 +352,5 @@ class ChatController(QObject):
 
 
 def _title_from(text: str, limit: int = 40) -> str:
-    line = " ".join(text.split())
+    line = plain_text(text) or " ".join(text.split())  # "# **Hi**" is titled "Hi"
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"

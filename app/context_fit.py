@@ -11,6 +11,17 @@ class ContextOverflow(ValueError):
     """A conversation does not fit the context under the chosen overflow policy."""
 
 
+def reply_reserve(max_seq_len: int, max_tokens: int) -> int:
+    """The context a reply must find free: its max_tokens, but at most a quarter of it."""
+    return min(max_tokens, max(1, max_seq_len // 4))
+
+
+def prompt_ids(engine, system_prompt: str, turns: list[dict]) -> list[int]:
+    """The prompt's token ids as the engine builds them: the chat template, then the tokenizer."""
+    system = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
+    return engine.tokenize(engine.apply_chat_template(system + turns))[1]
+
+
 def fit_conversation(
     engine, system_prompt: str, turns: list[dict], reserve: int, policy: str
 ) -> tuple[list[int], int]:
@@ -21,12 +32,7 @@ def fit_conversation(
     replies after it) from the start, never the system prompt or the newest user message.
     """
     limit = engine.max_seq_len  # max_model_len, or less when the pool is smaller
-    system = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
-
-    def measure(kept: list[dict]) -> list[int]:
-        return engine.tokenize(engine.apply_chat_template(system + kept))[1]
-
-    ids = measure(turns)
+    ids = prompt_ids(engine, system_prompt, turns)
     dropped = 0
     while len(ids) + reserve > limit:
         starts = [i for i, m in enumerate(turns) if m["role"] == "user"]
@@ -44,5 +50,5 @@ def fit_conversation(
             )
         turns = turns[starts[1] :]
         dropped += 1
-        ids = measure(turns)
+        ids = prompt_ids(engine, system_prompt, turns)
     return ids, dropped

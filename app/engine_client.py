@@ -27,6 +27,9 @@ class EngineClient(QObject):
     _stop = Signal(str)
     _apply = Signal(object)
     _query_block = Signal(int)
+    _count_tokens = Signal(int, str, object, int)
+    _start_recording = Signal(str)
+    _stop_recording = Signal()
     _start_load = Signal(object)
     _stop_load = Signal()
     _shutdown = Signal()
@@ -42,6 +45,9 @@ class EngineClient(QObject):
         self._stop.connect(self.worker.stop)
         self._apply.connect(self.worker.apply_settings)
         self._query_block.connect(self.worker.query_block)
+        self._count_tokens.connect(self.worker.count_tokens)
+        self._start_recording.connect(self.worker.start_recording)
+        self._stop_recording.connect(self.worker.stop_recording)
         self._start_load.connect(self.worker.start_load)
         self._stop_load.connect(self.worker.stop_load)
         self._shutdown.connect(self.worker.shutdown)
@@ -50,7 +56,8 @@ class EngineClient(QObject):
         self.engine_ready, self.engine_failed, self.busy = w.engine_ready, w.engine_failed, w.busy
         self.request_output, self.request_failed = w.request_output, w.request_failed
         self.telemetry, self.block_info, self.error = w.telemetry, w.block_info, w.error
-        self.load_status = w.load_status
+        self.load_status, self.context_usage = w.load_status, w.context_usage
+        self.recording = w.recording
 
     def start(self) -> None:
         _RUNNING.add(self)
@@ -73,6 +80,19 @@ class EngineClient(QObject):
 
     def query_block(self, block_id: int) -> None:
         self._query_block.emit(block_id)
+
+    def count_tokens(
+        self, ticket: int, system_prompt: str, turns: list[dict], max_tokens: int
+    ) -> None:
+        """Ask how many prompt tokens these turns make; answered by `context_usage`."""
+        self._count_tokens.emit(ticket, system_prompt, turns, max_tokens)
+
+    def start_recording(self, path: str) -> None:
+        """Record the engine's KV events to `path`; answered by `recording`."""
+        self._start_recording.emit(path)
+
+    def stop_recording(self) -> None:
+        self._stop_recording.emit()
 
     def start_load(self, spec) -> None:
         """Start simulated users (an app.loadgen.LoadSpec)."""

@@ -27,6 +27,7 @@ class ReplyUpdate:
     ttft_s: float | None  # arrival to first token
     tokens_per_s: float | None  # generated tokens / time since the first token
     dropped_turns: int = 0  # oldest turns left out to fit the context
+    sample_tokens: list[int] = field(default_factory=list)  # tokens of each sample
 
     @classmethod
     def from_output(cls, output, dropped_turns: int) -> ReplyUpdate:
@@ -51,6 +52,7 @@ class ReplyUpdate:
             ttft_s=ttft,
             tokens_per_s=tps,
             dropped_turns=dropped_turns,
+            sample_tokens=[len(c.token_ids) for c in output.outputs],
         )
 
     def metrics(self) -> dict:
@@ -62,7 +64,29 @@ class ReplyUpdate:
             "tokens_per_s": self.tokens_per_s,
             "dropped_turns": self.dropped_turns,
             "finish_reason": self.finish_reasons[0] if self.finish_reasons else None,
+            # Per sample, so a bubble showing one of n samples can give that sample's figures.
+            "sample_tokens": list(self.sample_tokens),
+            "finish_reasons": list(self.finish_reasons),
         }
+
+
+@dataclass(frozen=True)
+class ContextUsage:
+    """How much of the context the chat would take if sent now, for the composer's meter."""
+
+    ticket: int  # the request it answers: only the newest is shown
+    used: int  # prompt tokens: system prompt + history + the draft, templated
+    limit: int  # the engine's max_seq_len: max_model_len, or less when the pool is smaller
+    reserve: int  # context the reply needs free besides (see context_fit.reply_reserve)
+
+
+@dataclass(frozen=True)
+class RecordingState:
+    """The answer to a record start or stop: what is being recorded now, and any refusal."""
+
+    recording: str  # the session file being written; "" when not recording
+    path: str  # the file this answer is about (the one started, stopped or refused)
+    error: str = ""  # why it did not start
 
 
 @dataclass(frozen=True)

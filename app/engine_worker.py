@@ -11,7 +11,13 @@ Telemetry: at most every 100 ms, and only when the pool changed, the worker take
 out together as one `Telemetry` object (immutable copies; the GUI never reads engine state).
 
 Block tooltips are asynchronous: the GUI asks `query_block(block_id)`, the worker answers with
-`block_info(block_id, contents)` from `engine.block_contents(block_id)`.
+`block_info(block_id, contents)` from `engine.block_contents(block_id)`. The composer's context
+meter is too: `count_tokens(...)` is answered by `context_usage(ContextUsage)`, counted with the
+engine's own chat template and tokenizer.
+
+Recording: `start_recording(path)` has the engine write its KV events to a session file (the
+engine starts one only when idle, so a replay starts from an empty pool) until
+`stop_recording()`, a rebuild or shutdown; each change is answered by `recording(RecordingState)`.
 
 Simulated users (app/loadgen.py) run here too: each loop turn admits the generator's due
 requests next to the chats, and reports their ends back to it; when the engine is idle the loop
@@ -25,14 +31,18 @@ import time
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
-from app.context_fit import fit_conversation
-from app.engine_messages import EngineInfo, ReplyUpdate, Telemetry
+from app.context_fit import fit_conversation, prompt_ids, reply_reserve
+from app.engine_messages import ContextUsage, EngineInfo, RecordingState, ReplyUpdate, Telemetry
 from app.settings import EngineSettings
 from engine.device_memory import read_device_memory
 from engine.kv.snapshot import KVSnapshot
 
 TELEMETRY_INTERVAL_S = 0.1
 DEVICE_MEMORY_INTERVAL_S = 0.5
+RECORD_WHEN_IDLE = (
+    "Recording starts when the engine is idle: wait for the replies in flight (and stop "
+    "simulated users), then press Record again."
+)
 
 
 class EngineWorker(QObject):
@@ -45,8 +55,10 @@ class EngineWorker(QObject):
     request_failed = Signal(str, str)  # request id, message
     telemetry = Signal(object)  # Telemetry
     block_info = Signal(int, object)  # block id, dict from engine.block_contents
+    context_usage = Signal(object)  # ContextUsage, the answer to count_tokens
     error = Signal(str)  # an engine error outside any one request
     load_status = Signal(bool, str)  # simulated users running?, a line about them
+    recording = Signal(object)  # RecordingState, after every start or stop
 
     def __init__(self, settings: EngineSettings, loaded_model=None) -> None:
         super().__init__()
@@ -67,6 +79,8 @@ class EngineWorker(QObject):
         self._load = None  # LoadGenerator while simulated users run
         self._load_done = 0
         self._load_error = ""
+        self._load_line = ""  # the latest load status sent
+        self._recording_path = ""  # the session file being written, "" when not recording
 
     # ---- lifecycle (runs in the worker thread) -------------------------------------------
     @Slot()
@@ -84,6 +98,7 @@ class EngineWorker(QObject):
             if timer is not None:
                 timer.stop()
         self._abort_all()
+        self.stop_recording()
         self.llm = None
         self._loaded = None
         gc.unfreeze()  # the engine was frozen at build (see _build); let it go now
@@ -91,8 +106,10 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def apply_settings(self, settings: EngineSettings) -> None:
-        """Rebuild the engine with new knobs; replies in flight and simulated users stop."""
+        """Rebuild the engine with new knobs; replies in flight, simulated users and a recording
+        stop."""
         self._abort_all()
+        self.stop_recording()
         self._build(settings)
 
     def _build(self, settings: EngineSettings) -> None:
@@ -158,7 +175,7 @@ class EngineWorker(QObject):
         engine = self.llm.engine
         try:
             sampling = SamplingParams(**params)
-            reserve = min(sampling.max_tokens, max(1, engine.max_seq_len // 4))
+            reserve = reply_reserve(engine.max_seq_len, sampling.max_tokens)
             ids, dropped = fit_conversation(engine, system_prompt, turns, reserve, policy)
             engine.add_request(request_id, ids, sampling)
         except ValueError as e:
@@ -191,6 +208,46 @@ class EngineWorker(QObject):
         except ValueError as e:  # a block id from a pool that was since rebuilt smaller
             self.block_info.emit(block_id, {"error": str(e)})
 
+    @Slot(int, str, object, int)
+    def count_tokens(self, ticket: int, system_prompt: str, turns: list, max_tokens: int) -> None:
+        """Answer how many prompt tokens these turns make (an empty chat makes none)."""
+        if self.llm is None:
+            return
+        engine = self.llm.engine
+        empty = not turns and not system_prompt.strip()
+        try:
+            used = 0 if empty else len(prompt_ids(engine, system_prompt, turns))
+        except Exception:  # a template that refuses these turns: sending them will say why
+            return
+        reserve = reply_reserve(engine.max_seq_len, max_tokens)
+        self.context_usage.emit(ContextUsage(ticket, used, engine.max_seq_len, reserve))
+
+    # ---- recording -------------------------------------------------------------------------
+    @Slot(str)
+    def start_recording(self, path: str) -> None:
+        if self.llm is None:
+            self.recording.emit(RecordingState("", path, "No model is loaded."))
+            return
+        try:
+            self.llm.engine.start_recording(path)
+        except ValueError:  # the engine records from an idle pool only
+            self.recording.emit(RecordingState("", path, RECORD_WHEN_IDLE))
+            return
+        except OSError as e:
+            self.recording.emit(RecordingState("", path, f"Cannot write {path}: {e}"))
+            return
+        self._recording_path = path
+        self.recording.emit(RecordingState(path, path))
+
+    @Slot()
+    def stop_recording(self) -> None:
+        path, self._recording_path = self._recording_path, ""
+        if not path:
+            return
+        if self.llm is not None:
+            self.llm.engine.stop_recording()
+        self.recording.emit(RecordingState("", path))
+
     def _abort_all(self) -> None:
         if self.llm is None:
             return
@@ -201,10 +258,13 @@ class EngineWorker(QObject):
     # ---- simulated users -----------------------------------------------------------------
     @Slot(object)
     def start_load(self, spec) -> None:
-        from app.loadgen import LoadGenerator
+        from app.loadgen import LoadGenerator, fit_to_context
 
         self.stop_load()
+        if self.llm is not None:  # no request may be refused for its length
+            spec = fit_to_context(spec, self.llm.engine.max_seq_len)
         self._load, self._load_done, self._load_error = LoadGenerator(spec), 0, ""
+        self._load_line = ""
         self._report_load()
         self._wake()
 
@@ -237,14 +297,22 @@ class EngineWorker(QObject):
         self._report_load()
 
     def _report_load(self) -> None:
+        """The generator's requests as the engine sees them: submitted, running, waiting (from
+        the latest snapshot; a request it does not list yet waits). Sent when it changes."""
+        from app.loadgen import describe_progress
+
         load = self._load
-        if load is not None:
-            line = (
-                f"{load.num_sent} sent · {len(load.in_flight)} in flight · {self._load_done} done"
-            )
-            self.load_status.emit(
-                True, line + (f" · last error: {self._load_error}" if self._load_error else "")
-            )
+        if load is None:
+            return
+        paged = self._last_snapshots[0] if self._last_snapshots is not None else None
+        sequences = [(s.request_id, s.status) for s in paged.sequences] if paged else []
+        line = f"{describe_progress(list(load.in_flight), sequences)} · {self._load_done} done"
+        line += f" of {load.num_sent} sent"
+        if self._load_error:
+            line += f" · last error: {self._load_error}"
+        if line != self._load_line:
+            self._load_line = line
+            self.load_status.emit(True, line)
 
     def _wake(self, delay_s: float = 0.0) -> None:
         self._step_timer.start(max(0, int(delay_s * 1000)))
@@ -318,6 +386,7 @@ class EngineWorker(QObject):
         self._last_publish = now
         paged, shadow = self._last_snapshots
         self.telemetry.emit(Telemetry(paged, shadow, self.llm.stats(), self._device_memory))
+        self._report_load()  # its running / waiting split follows the new snapshot
 
 
 def _describe(e: BaseException) -> str:

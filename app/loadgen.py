@@ -11,6 +11,10 @@ the prefix cache serves from shared blocks.
 The worker calls `due(now)` each loop, passes each request to `engine.add_request(
 request_id, prompt, params)` (or applies the chat template to `messages` first) and reports
 finished requests with `on_finished(request_id)`.
+
+`fit_to_context` clamps a spec's lengths to the engine's max_seq_len, so no request is refused
+for its length; `preemption_demo` sizes a spec to the pool so that the paged engine runs dry
+and preempts; `describe_progress` says how many submitted requests run and how many wait.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from app.paths import ASSETS_DIR
@@ -33,6 +37,11 @@ SYSTEM_SHARE = 0.75  # the shared system prompt takes this share of the shortest
 TEMPERATURE = 0.8
 MAX_USERS = 1024
 MAX_TOKENS = 1 << 20
+# A drawn prompt length is a target: the text and the chat template may come out this much
+# longer (measured within ~10%, plus the template's role markers).
+PROMPT_SLACK = 1.15
+TEMPLATE_TOKENS = 24
+MIN_PROMPT_TOKENS = 16  # the panel's least prompt length
 
 
 def _check_range(name: str, value: object) -> tuple[int, int]:
@@ -197,3 +206,48 @@ class LoadGenerator:
         """When the next request becomes due (None if stopped or all users are waiting)."""
         pending = [t for t in self._next_at if t is not None]
         return None if self.stopped or not pending else min(pending)
+
+
+def fit_to_context(spec: LoadSpec, max_seq_len: int) -> LoadSpec:
+    """The spec with lengths cut so that prompt + output fits max_seq_len (the engine refuses
+    a prompt that leaves no room, and stops a reply at the limit). Outputs keep at most half
+    of the context; prompts take what is left, allowing for PROMPT_SLACK and the template."""
+    room = max(2, max_seq_len - TEMPLATE_TOKENS)
+    out_hi = max(1, min(spec.output_tokens[1], room // 2))
+    out_lo = min(spec.output_tokens[0], out_hi)
+    prompt_cap = max(1, int((room - out_hi) / PROMPT_SLACK))
+    prompt_hi = min(spec.prompt_tokens[1], prompt_cap)
+    prompt_lo = min(spec.prompt_tokens[0], prompt_hi)
+    return replace(spec, prompt_tokens=(prompt_lo, prompt_hi), output_tokens=(out_lo, out_hi))
+
+
+def preemption_demo(
+    num_blocks: int, block_size: int, max_seq_len: int, max_num_seqs: int = 64
+) -> LoadSpec:
+    """Users and lengths that overrun this pool: together their prompts take about 80% of it,
+    so all are admitted, and their outputs need about as much again, so while they decode the
+    pool runs dry and the newest sequences are preempted. Private prompts (no shared prefix to
+    save blocks); everyone arrives within about a second."""
+    pool_tokens = num_blocks * block_size
+    length = min(max_seq_len, max(64, pool_tokens // 4))  # a quarter pool each: ~8 users
+    users = max(2, min(max_num_seqs, MAX_USERS, math.ceil(2 * pool_tokens / length)))
+    prompt = int(0.8 * pool_tokens / users / PROMPT_SLACK) - TEMPLATE_TOKENS
+    prompt = max(MIN_PROMPT_TOKENS, min(prompt, length // 2))
+    output = max(8, length - int(prompt * PROMPT_SLACK) - TEMPLATE_TOKENS)
+    spec = LoadSpec(
+        num_users=users,
+        prompt_tokens=(max(MIN_PROMPT_TOKENS, prompt * 3 // 4), prompt),
+        output_tokens=(max(1, output * 3 // 4), output),
+        shared_system_prompt=False,
+        arrival_rate_per_s=4.0 * users,
+    )
+    return fit_to_context(spec, max_seq_len)
+
+
+def describe_progress(in_flight: list[str], sequences: list[tuple[str, str]]) -> str:
+    """The generator's requests in flight, "8 submitted: 3 running, 5 waiting", from the
+    engine's sequences as (request id, status) pairs: a request runs if any of its samples
+    does; one the engine has not listed yet waits."""
+    running = {request_id for request_id, status in sequences if status == "running"}
+    active = sum(request_id in running for request_id in in_flight)
+    return f"{len(in_flight)} submitted: {active} running, {len(in_flight) - active} waiting"

@@ -3,7 +3,8 @@
 It reads only the model's headers (a GGUF header or config.json and safetensors headers, no
 weights) and asks the planner what the chosen engine settings give: the weights in the form the
 engine will keep them (format, bytes, the load peak, against the memory that is free), KV bytes
-per token, blocks and tokens in the pool.
+per token, blocks and tokens in the pool. Below the path it lists the GGUF files already on
+this computer (app/found_models.py), so a model from LM Studio or GPT4All is one click away.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import model_discovery, paths
+from app.found_models import FoundModelsList
+from app.pool_fit import prediction_line
 from engine import planner
 from engine.model.model_config import ModelConfig
 from engine.weight_fit import count_parameters, resolve_for_weights, weight_fit
@@ -50,6 +54,8 @@ class ModelPicker(QGroupBox):
         self.error = QLabel(wordWrap=True, objectName="errorText")
         self._config: ModelConfig | None = None
         self._header: tuple[dict, dict] | None = None  # weight shapes and stored kinds
+        note = model_discovery.OLLAMA_NOTE if model_discovery.ollama_present() else ""
+        self.found = FoundModelsList(lambda: model_discovery.discover(paths.data_dir()), note=note)
 
         row = QHBoxLayout()
         row.addWidget(self.path, 1)
@@ -59,6 +65,7 @@ class ModelPicker(QGroupBox):
         form.addRow("Path", row)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
+        layout.addWidget(self.found)
         layout.addWidget(self.info)
         layout.addWidget(self.prediction)
         layout.addWidget(self.error)
@@ -70,6 +77,7 @@ class ModelPicker(QGroupBox):
         self.source.currentIndexChanged.connect(self._source_changed)
         self.path.editingFinished.connect(self._reload)
         self.browse.clicked.connect(self._browse)
+        self.found.model_chosen.connect(self.choose_gguf)
         self._source_changed()
 
     def model_path(self) -> str | None:
@@ -79,6 +87,14 @@ class ModelPicker(QGroupBox):
 
     def model_config(self) -> ModelConfig | None:
         return self._config
+
+    def choose_gguf(self, path: str) -> None:
+        """Pick a GGUF file (a row of the found list): show its header and prediction."""
+        self.path.setText(path)
+        if self.source.currentIndex() == 1:
+            self._reload()
+        else:
+            self.source.setCurrentIndex(1)  # reloads
 
     def _source_changed(self) -> None:
         custom = self.source.currentIndex() != 0
@@ -144,6 +160,7 @@ class ModelPicker(QGroupBox):
                     f"{config.block_size} = {blocks * config.block_size:,} tokens "
                     f"({blocks * config.block_size / context:.1f} full contexts of {context:,})"
                 )
+                lines.append(prediction_line(blocks, config.block_size, context))
             else:
                 plan = planner.plan_kv(
                     mc,
@@ -158,6 +175,7 @@ class ModelPicker(QGroupBox):
                     f"tokens, {plan.max_sequences_at_context:,} full contexts of {context:,} "
                     "(upper bound: activations are measured at load)"
                 )
+                lines.append(prediction_line(plan.num_blocks, config.block_size, context))
             self.prediction.setText("<br>".join(lines))
         except (ValueError, RuntimeError) as e:
             self.prediction.setText(f"Planner: {e}")

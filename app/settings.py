@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.theme import THEMES
 from engine.config import EngineConfig, knob_of, user_knobs
 
 OVERFLOW_POLICIES = {
@@ -37,7 +38,13 @@ OVERFLOW_POLICIES = {
 }
 # The devices the dialog offers; EngineConfig also takes "cuda:N".
 DEVICES = ("auto", "cpu", "cuda")
-DEFAULT_CPU_KV_MIB = 256  # small enough that the block map stays readable
+# The app's defaults make the paged-vs-naive comparison mean something: 512 MiB of CPU KV hold
+# 728 blocks of 16 (float32 KV, 45 KiB/token for the bundled model) to 1,456 (bfloat16), so at
+# a 2,048-token context the pool holds 5.7-11 full contexts and the naive allocator fits 5-11
+# reservations side by side, while the map stays readable. (The model's own 8,192 would let
+# one naive sequence reserve nearly the whole pool.) 2,048 tokens is a long chat for it.
+DEFAULT_CPU_KV_MIB = 512
+DEFAULT_MAX_MODEL_LEN = 2048
 KV_BUDGET_HELP = "the KV pool's size on a CPU; on CUDA, GPU memory utilization sizes it"
 
 
@@ -55,7 +62,7 @@ class EngineSettings:
     block_size: int = 16
     kv_budget_mib: int = DEFAULT_CPU_KV_MIB  # the KV pool on CPU
     gpu_memory_utilization: float = 0.9  # the KV budget on CUDA
-    max_model_len: int | None = None  # None: the model's own context length
+    max_model_len: int | None = DEFAULT_MAX_MODEL_LEN  # None: the model's own context length
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True
     allocator: str = "paged"
@@ -85,6 +92,18 @@ class SamplingSettings:
     max_tokens: int = 256
     seed: int | None = None
     n: int = 1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @classmethod
+    def from_dict(cls, data: object) -> SamplingSettings:
+        """Validated settings from saved JSON (a chat's, the file's); unknown keys are ignored.
+        Raises ValueError naming a bad value."""
+        from engine import SamplingParams
+
+        settings = _dataclass_from(cls, data, "sampling")
+        SamplingParams(**settings.params_kwargs())
+        return settings
 
     def params_kwargs(self) -> dict:
         return asdict(self)
@@ -95,6 +114,7 @@ class AppSettings:
     engine: EngineSettings = field(default_factory=EngineSettings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     overflow_policy: str = "stop"
+    theme: str = "system"  # one of app.theme.THEMES
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -107,7 +127,8 @@ class AppSettings:
         engine = _dataclass_from(EngineSettings, data.get("engine", {}), "engine")
         sampling = _dataclass_from(SamplingSettings, data.get("sampling", {}), "sampling")
         policy = data.get("overflow_policy", "stop")
-        settings = cls(engine=engine, sampling=sampling, overflow_policy=policy)
+        theme = data.get("theme", "system")
+        settings = cls(engine=engine, sampling=sampling, overflow_policy=policy, theme=theme)
         settings.validate()
         return settings
 
@@ -118,6 +139,8 @@ class AppSettings:
             raise ValueError(
                 f"overflow_policy {self.overflow_policy!r} is not one of {tuple(OVERFLOW_POLICIES)}"
             )
+        if self.theme not in THEMES:
+            raise ValueError(f"theme {self.theme!r} is not one of {THEMES}")
         if not isinstance(self.engine.kv_budget_mib, int) or self.engine.kv_budget_mib < 1:
             raise ValueError(
                 f"kv_budget_mib must be an int >= 1, got {self.engine.kv_budget_mib!r}"

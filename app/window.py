@@ -2,8 +2,9 @@
 
 The window builds the widgets and wires them: the chats' behaviour is the ChatController's
 (app/chat_controller.py), the engine lives in the worker thread behind an EngineClient
-(app/engine_client.py), and the status bar formats what the engine reports
-(app/status_bar.py). The window itself keeps the settings, feeds telemetry to the block map,
+(app/engine_client.py), the status bar formats what the engine reports
+(app/status_bar.py), and the map column holds the block map over the load generator
+(app/map_column.py). The window itself keeps the settings, feeds telemetry to the block map,
 and shows errors.
 """
 
@@ -15,14 +16,9 @@ from PySide6.QtWidgets import (
     QApplication,
     QMainWindow,
     QMessageBox,
-    QSizePolicy,
     QSplitter,
-    QToolButton,
-    QVBoxLayout,
-    QWidget,
 )
 
-from app.blockmap import BlockMapPanel
 from app.chat.chat_view import ChatView
 from app.chat.conversation_list import ConversationList
 from app.chat.recovery import open_chat_store
@@ -30,8 +26,10 @@ from app.chat.store import default_store_path
 from app.chat_controller import ChatController
 from app.engine_client import EngineClient
 from app.engine_messages import EngineInfo, Telemetry
-from app.loadgen_panel import LoadGeneratorPanel
-from app.paths import ASSETS_DIR
+from app.map_column import MapColumn
+from app.model_discovery import remember_model
+from app.paths import ASSETS_DIR, data_dir
+from app.recording_controls import RecordingControls
 from app.request_ids import conversation_of_group, group_of
 from app.settings import (
     AppSettings,
@@ -41,10 +39,10 @@ from app.settings import (
     settings_path,
 )
 from app.status_bar import EngineStatusBar
-from app.window_menu import build_menus
+from app.theme import theme_keeper
+from app.window_menu import add_engine_actions, build_menus
 
-MAP_MIN_WIDTH = 560
-CONVERSATION_LIST_WIDTH = 210
+CONVERSATION_LIST_WIDTH = 190
 
 
 class MainWindow(QMainWindow):
@@ -77,8 +75,12 @@ class MainWindow(QMainWindow):
         self.engine_info: EngineInfo | None = None
         self.last_telemetry: Telemetry | None = None
         self._map_paused = False
+        self._quit_confirmed = False
         self._telemetry_due = False
 
+        # Before the layout: its fixed heights come from the styled widgets.
+        self.theme = theme_keeper()
+        self.theme.apply(self.settings.theme)
         self._build_layout()
         self.status = EngineStatusBar(self)
         self.setStatusBar(self.status)
@@ -89,16 +91,29 @@ class MainWindow(QMainWindow):
             self.conversations,
             self.client,
             overflow_policy=lambda: self.settings.overflow_policy,
+            default_sampling=lambda: self.settings.sampling,
             parent=self,
         )
         self.chats.in_flight_changed.connect(self._update_state)
         self.chats.group_labels_changed.connect(self.blockmap.set_group_labels)
         self.chats.error_raised.connect(self.show_error)
         self.chats.notice_raised.connect(self._show_notice)
-        self.chat.sampling.changed.connect(self._sampling_changed)
-        self.pause_map_action = build_menus(
-            self, self.chats.new_conversation, self.open_settings, self.set_map_paused
+        self.chat.sampling.defaults_requested.connect(self._sampling_defaults_chosen)
+        self.menus = build_menus(
+            self,
+            new_chat=self.chats.new_conversation,
+            delete_chat=self.delete_current_chat,
+            export_chat=self.export_current_chat,
+            open_settings=self.open_settings,
+            set_map_paused=self.set_map_paused,
+            set_theme=self.set_theme,
+            request_quit=self.request_quit,
+            delete_scope=self.conversations,
         )
+        self.menus.themes[self.settings.theme].setChecked(True)
+        self.recording = RecordingControls(self, self.client, self.show_error, self._show_notice)
+        add_engine_actions(self, self.recording.actions())
+        self.status.addPermanentWidget(self.recording.button)
         self._connect_engine()
         self.client.start()
 
@@ -120,26 +135,11 @@ class MainWindow(QMainWindow):
         self.conversations = ConversationList(self.store)
         self.chat = ChatView()
         self.chat.sampling.set_settings(self.settings.sampling)
-        self.blockmap = BlockMapPanel()
-        # Its metrics strip asks for ever more width as numbers grow; the window keeps its size
-        # and the panel gets what the splitter gives it.
-        self.blockmap.setMinimumWidth(MAP_MIN_WIDTH)
-        self.loadgen_panel = LoadGeneratorPanel()
-        self.loadgen_panel.setVisible(False)
-        self.loadgen_toggle = QToolButton(
-            text="Simulated users (load generator)", checkable=True, objectName="sectionToggle"
-        )
-        self.loadgen_toggle.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
-        self.loadgen_toggle.setArrowType(Qt.RightArrow)
-        self.loadgen_toggle.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
-        self.loadgen_toggle.toggled.connect(self._toggle_loadgen)
-        right = QWidget(objectName="mapColumn")
-        right_layout = QVBoxLayout(right)
-        right_layout.setContentsMargins(0, 0, 0, 0)
-        right_layout.setSpacing(0)
-        right_layout.addWidget(self.blockmap, 1)
-        right_layout.addWidget(self.loadgen_toggle)
-        right_layout.addWidget(self.loadgen_panel)
+        right = MapColumn()
+        self.map_column = right
+        self.blockmap = right.blockmap
+        self.loadgen_panel = right.loadgen_panel
+        self.loadgen_toggle = right.loadgen_toggle
 
         splitter = QSplitter(Qt.Horizontal, objectName="mainSplitter")
         splitter.addWidget(self.conversations)
@@ -150,10 +150,6 @@ class MainWindow(QMainWindow):
         self.splitter = splitter
         self._sized = False
         self.setCentralWidget(splitter)
-
-    def _toggle_loadgen(self, shown: bool) -> None:
-        self.loadgen_panel.setVisible(shown)
-        self.loadgen_toggle.setArrowType(Qt.DownArrow if shown else Qt.RightArrow)
 
     def _connect_engine(self) -> None:
         # Bound methods of this window only: a lambda would run in the worker's thread.
@@ -180,16 +176,18 @@ class MainWindow(QMainWindow):
 
     def apply_settings(self, settings: AppSettings) -> None:
         """Adopt new settings; engine knobs rebuild the engine in the worker (chats survive)."""
-        settings.sampling = self.chat.sampling.settings()
+        settings.sampling = self.settings.sampling  # chosen in the chat since the dialog opened
         rebuild = settings.engine != self.settings.engine
         self.settings = settings
         if rebuild:
             self.client.apply_settings(settings.engine)
         self._save_settings()
 
-    def _sampling_changed(self, sampling) -> None:
+    def _sampling_defaults_chosen(self, sampling) -> None:
+        """New chats start from these; each chat keeps its own (ChatController)."""
         self.settings.sampling = sampling
         self._save_settings()
+        self.status.showMessage("New chats will start from these sampling settings", 5_000)
 
     def _save_settings(self) -> None:
         if self._persist_settings:
@@ -203,7 +201,10 @@ class MainWindow(QMainWindow):
         self.engine_info = info
         # After a failed rebuild the worker restores the old engine: keep settings in step.
         self.settings.engine = info.settings
+        if info.settings.model:  # the model picker lists it under Recent
+            remember_model(data_dir(), info.settings.model)
         self.status.show_engine(info)
+        self.loadgen_panel.set_engine_info(info)  # lengths within this context, preset sized
         self._update_state()
         self.engine_ready.emit(info)
 
@@ -264,7 +265,25 @@ class MainWindow(QMainWindow):
     def set_map_paused(self, paused: bool) -> None:
         """Stop (or resume) feeding the block map; the status bar keeps counting."""
         self._map_paused = paused
-        self.pause_map_action.setChecked(paused)
+        self.menus.pause_map.setChecked(paused)
+
+    # ---- chats and view -------------------------------------------------------------------
+    def delete_current_chat(self) -> None:
+        """The Delete key in the chat list: the open chat, after the list's confirmation."""
+        if self.chats.current_id is not None:
+            self.conversations.ask_delete(self.chats.current_id)
+
+    def export_current_chat(self, fmt: str) -> None:
+        """Chat > Export: the open chat as "markdown" or "json", to a file the user picks."""
+        if self.chats.current_id is not None:
+            self.conversations.ask_export(self.chats.current_id, fmt)
+
+    def set_theme(self, choice: str) -> None:
+        """A View > Theme choice: applied now and kept in the settings."""
+        self.settings.theme = choice
+        self.theme.apply(choice)
+        self.menus.themes[choice].setChecked(True)
+        self._save_settings()
 
     # ---- errors and closing ---------------------------------------------------------------
     def _show_notice(self, line: str) -> None:
@@ -287,16 +306,41 @@ class MainWindow(QMainWindow):
             rest = self.width() - CONVERSATION_LIST_WIDTH
             self.splitter.setSizes([CONVERSATION_LIST_WIDTH, int(rest * 0.37), int(rest * 0.63)])
 
+    def confirm_quit(self) -> bool:
+        """True when nothing is generating, or the user agrees to stop the replies in flight."""
+        n = len(self.chats.pending)
+        if not n:
+            return True
+        replies = "A reply is" if n == 1 else f"{n} replies are"
+        answer = QMessageBox.question(
+            self,
+            "Quit KVScope",
+            f"{replies} still being generated. Quit anyway? What is written so far is kept.",
+            QMessageBox.Yes | QMessageBox.No,
+            QMessageBox.No,
+        )
+        return answer == QMessageBox.Yes
+
+    def request_quit(self) -> None:
+        """The Quit action: asks first while replies stream."""
+        if self.confirm_quit():
+            self._quit_confirmed = True
+            self.close()
+
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        # The window manager's close button asks too; a close() from code (tests, the
+        # screenshot) does not.
+        if event.spontaneous() and not self._quit_confirmed and not self.confirm_quit():
+            event.ignore()
+            return
         self.chats.keep_in_flight_as_stopped()
         self.client.shutdown()
         self.store.close()
         super().closeEvent(event)
 
 
-def apply_style(app: QApplication) -> None:
-    """The dark theme (assets/style.qss) and the app icon."""
-    app.setStyleSheet((ASSETS_DIR / "style.qss").read_text())
+def set_app_icon(app: QApplication) -> None:
+    """The app icon; each window applies its theme (app/theme.py)."""
     icon = ASSETS_DIR / "kvscope.png"
     if icon.is_file():  # drawn by packaging/make_icons.py
         app.setWindowIcon(QIcon(str(icon)))
@@ -305,7 +349,7 @@ def apply_style(app: QApplication) -> None:
 def run_window(demo: int | None = None, screenshot: str | None = None) -> int:
     app = QApplication.instance() or QApplication([])
     app.setApplicationName("KVScope")
-    apply_style(app)
+    set_app_icon(app)
     if demo:
         from app.demo import run_demo
 

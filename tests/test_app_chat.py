@@ -146,7 +146,7 @@ def test_chat_streams_persists_and_survives_a_restart(make_window, qtbot, tmp_pa
     updates = []
     window.chats.reply_updated.connect(updates.append)
     with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS) as done:
-        cid = window.chats.send_message("What is the capital of France?")
+        cid = window.chats.send_message("What is the **capital** of `France`?")
         # Crash safety: the user message is on disk already, the reply is not.
         other = ChatStore(window.store.path)
         assert [m.role for m in other.messages(cid)] == ["user"]
@@ -164,7 +164,8 @@ def test_chat_streams_persists_and_survives_a_restart(make_window, qtbot, tmp_pa
     again = make_window()
     assert again.chats.current_id == cid
     assert [b.body.markdown() for b in again.chat.bubbles()] == [user.content, reply.content]
-    assert again.store.conversation(cid).title.startswith("What is the capital")
+    # The title is the first message's words, without its markdown.
+    assert again.store.conversation(cid).title == "What is the capital of France?"
 
 
 def test_stop_keeps_the_partial_reply_and_frees_its_blocks(make_window, qtbot):
@@ -245,6 +246,11 @@ def test_n_samples_show_as_alternatives(make_window, qtbot):
     bubble.next_alt.click()
     assert window.store.messages(cid)[-1].selected == 1
     assert window.chat.bubbles()[-1].body.markdown() == reply.alternatives[1]
+    # The bubble counts the tokens of the sample it shows, not of both.
+    per_sample = reply.metrics["sample_tokens"]
+    assert len(per_sample) == 2 and sum(per_sample) == reply.metrics["generated_tokens"]
+    shown = window.chat.bubbles()[-1].metrics.text()
+    assert re.search(rf"· {per_sample[1]} tok(?: ·|$)", shown), shown
 
 
 def test_a_conversation_past_max_model_len_stops_with_a_message(make_window, qtbot):

@@ -7,6 +7,7 @@ import pytest
 
 from app.settings import (
     DEFAULT_CPU_KV_MIB,
+    DEFAULT_MAX_MODEL_LEN,
     AppSettings,
     EngineSettings,
     SettingsDialog,
@@ -20,7 +21,8 @@ TIMEOUT_MS = 120_000
 def test_settings_round_trip_and_defaults(tmp_path):
     path = tmp_path / "settings.json"
     assert load_settings(path) == AppSettings()  # nothing saved yet
-    assert AppSettings().engine.kv_budget_mib == DEFAULT_CPU_KV_MIB == 256
+    assert AppSettings().engine.kv_budget_mib == DEFAULT_CPU_KV_MIB == 512
+    assert AppSettings().engine.max_model_len == DEFAULT_MAX_MODEL_LEN == 2048
     settings = AppSettings().with_engine(block_size=32, allocator="contiguous")
     settings.sampling.temperature = 0.2
     settings.overflow_policy = "drop_oldest"
@@ -53,6 +55,10 @@ NOT_IN_SETTINGS = {
     "max_num_batched_tokens",  # the engine's per-device default suits a chat
     "seed",  # each reply's sampling seed is a sampling setting
 }
+# Knobs whose app default differs from the engine's, and why.
+APP_DEFAULTS = {
+    "max_model_len": DEFAULT_MAX_MODEL_LEN,  # the default pool holds several full contexts
+}
 # A settings file as this version writes it: its keys are what files on users' disks hold.
 SAVED_FILE = {
     "engine": {
@@ -61,9 +67,9 @@ SAVED_FILE = {
         "dtype": "auto",
         "kv_cache_dtype": "auto",
         "block_size": 16,
-        "kv_budget_mib": 256,
+        "kv_budget_mib": 512,
         "gpu_memory_utilization": 0.9,
-        "max_model_len": None,
+        "max_model_len": 2048,
         "max_num_seqs": 64,
         "enable_prefix_caching": True,
         "allocator": "paged",
@@ -76,8 +82,11 @@ SAVED_FILE = {
         "max_tokens": 256,
         "seed": None,
         "n": 1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
     },
     "overflow_policy": "stop",
+    "theme": "system",
 }
 
 
@@ -90,7 +99,7 @@ def test_every_engine_knob_is_a_setting_with_its_default_or_listed_as_not_one():
     for knob in user_knobs():
         assert (knob.name in settings) != (knob.name in NOT_IN_SETTINGS), knob.name
         if knob.name in settings:
-            assert settings[knob.name] == knob.default, knob.name
+            assert settings[knob.name] == APP_DEFAULTS.get(knob.name, knob.default), knob.name
 
 
 def test_a_saved_settings_file_keeps_its_keys(tmp_path):
@@ -98,6 +107,17 @@ def test_a_saved_settings_file_keeps_its_keys(tmp_path):
     path.write_text(json.dumps(SAVED_FILE))
     assert load_settings(path) == AppSettings()
     assert AppSettings().to_dict() == SAVED_FILE
+
+
+def test_a_file_from_before_min_p_loads_with_min_p_and_the_penalty_off(tmp_path):
+    path = tmp_path / "settings.json"
+    older = {**SAVED_FILE, "sampling": {"temperature": 0.3, "top_p": 0.8, "n": 2}}
+    path.write_text(json.dumps(older))
+    sampling = load_settings(path).sampling
+    assert (sampling.temperature, sampling.n) == (0.3, 2)
+    assert (sampling.min_p, sampling.repetition_penalty) == (0.0, 1.0)
+    kwargs = sampling.params_kwargs()
+    assert kwargs["min_p"] == 0.0 and kwargs["repetition_penalty"] == 1.0
 
 
 # Every engine setting away from its default.
@@ -213,3 +233,38 @@ def test_a_bad_model_file_shows_an_error_and_the_app_keeps_working(make_window, 
 
 def default_model_source(window):
     return window.client.worker._loaded.source
+
+
+def test_the_model_picker_lists_gguf_files_found_on_this_computer(qtbot, tmp_path, monkeypatch):
+    from tiny_models import make_quant_gguf
+
+    from app.found_models import format_size
+    from app.model_discovery import remember_model
+
+    models = tmp_path / "home" / ".lmstudio" / "models" / "someone" / "Tiny-GGUF"
+    models.mkdir(parents=True)
+    found = make_quant_gguf(models / "tiny-q8.gguf", "Q8_0")
+    (models / "broken.gguf").write_bytes(b"GGUF" + b"\xff" * 40)
+    (tmp_path / "home" / ".ollama" / "models" / "blobs").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KVSCOPE_DATA_DIR", str(tmp_path / "data"))
+    opened = make_quant_gguf(tmp_path / "opened-before.gguf", "Q4_0")
+    remember_model(tmp_path / "data", opened)
+    dialog = SettingsDialog(AppSettings(engine=EngineSettings(device="cpu", kv_budget_mib=64)))
+    qtbot.addWidget(dialog)
+    listing = dialog.picker.found
+    qtbot.waitUntil(lambda: listing.scan_done, timeout=TIMEOUT_MS)
+    assert listing.paths() == [str(opened), str(models / "broken.gguf"), str(found)]
+    rows = [[listing.tree.topLevelItem(i).text(c) for c in range(4)] for i in range(3)]
+    assert rows[0][2:] == ["Q4_0", "Recent"]
+    assert rows[1][2] == "unreadable" and rows[1][3] == "LM Studio"
+    assert rows[2][1:] == [format_size(found.stat().st_size), "Q8_0", "LM Studio"]
+    assert format_size(3 * 2**30) == "3.00 GiB" and format_size(1536) == "2 KiB"
+    assert "3 found" in listing.status.text() and "Ollama keeps" in listing.status.text()
+    dialog.resize(900, 760)
+    dialog.show()
+    dialog.grab().save(str(tmp_path / "model-picker.png"))
+    listing.tree.itemClicked.emit(listing.tree.topLevelItem(2), 0)
+    assert dialog.picker.source.currentIndex() == 1
+    assert dialog.result_settings().engine.model == str(found)
+    assert "2 layers" in dialog.picker.info.text() and not dialog.picker.error.text()

@@ -342,7 +342,8 @@ def test_shadow_view_caption_and_metrics(qtbot):
     panel.update_view(small_pool(), shadow, stats, None)
     caption = panel.shadow_frame.caption.text()
     assert "7 reserved empty" in caption and "3 waiting" in caption
-    assert "largest free run 4 of 6 free" in caption and "2 holes" in caption
+    # Free 6-7 lie between A and B: a hole; 12-15 are the pool's free tail, not one.
+    assert "largest free run 4 of 6 free" in caption and "(1 hole)" in caption
     strip = panel.strip.text()
     assert "PREFIX HITS: 25%" in strip and "naive: 3 waiting" in strip
     assert "no NVIDIA GPU" in strip

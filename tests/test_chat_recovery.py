@@ -1,7 +1,9 @@
 """A damaged chats database: moved aside (never deleted), salvaged row by row, the app starts."""
 
+import sqlite3
+
 from app.chat.recovery import open_chat_store, salvage
-from app.chat.store import ChatStore
+from app.chat.store import _MIGRATIONS, ChatStore
 
 
 def _filled(path):
@@ -36,6 +38,33 @@ def test_readable_rows_are_salvaged(tmp_path):
     assert titles == ["Rivers", "Tea"]
     tea = next(c for c in store.conversations() if c.title == "Tea")
     assert [m.content for m in store.messages(tea.id)] == ["Tell me about tea.", "It is a drink."]
+
+
+def test_salvage_from_a_file_before_per_chat_sampling(tmp_path):
+    """A damaged version-1 file (no sampling column) still gives up its chats."""
+    old = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(old)
+    db.executescript(_MIGRATIONS[0])
+    db.execute(
+        "INSERT INTO conversations (title, system_prompt, created_at, updated_at) "
+        "VALUES ('Tea', 'Be brief.', 1.0, 1.0)"
+    )
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    store = ChatStore(tmp_path / "new.sqlite3")
+    assert salvage(old, store) == {"conversations": 1, "messages": 0}
+    [tea] = store.conversations()
+    assert (tea.title, tea.system_prompt, tea.sampling) == ("Tea", "Be brief.", None)
+
+
+def test_salvage_keeps_a_chats_own_sampling(tmp_path):
+    old = ChatStore(tmp_path / "old.sqlite3")
+    old.create_conversation("Warm", sampling={"temperature": 1.2})
+    old.close()
+    store = ChatStore(tmp_path / "new.sqlite3")
+    salvage(tmp_path / "old.sqlite3", store)
+    assert store.conversations()[0].sampling == {"temperature": 1.2}
 
 
 def test_a_healthy_database_opens_untouched(tmp_path):

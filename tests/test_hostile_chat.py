@@ -6,8 +6,8 @@ from PySide6.QtCore import QUrl
 from PySide6.QtGui import QImage, QTextDocument
 from PySide6.QtWidgets import QMessageBox
 
-import app.chat.chat_view as chat_view
-from app.chat.chat_view import MarkdownView
+import app.chat.markdown_view as markdown_view
+from app.chat.markdown_view import MarkdownView
 
 
 @pytest.fixture()
@@ -62,8 +62,8 @@ def test_raw_html_is_shown_as_text(view):
 )
 def test_non_web_links_are_refused(view, monkeypatch, url):
     opened, told = [], []
-    monkeypatch.setattr(chat_view.QDesktopServices, "openUrl", lambda u: opened.append(u))
-    monkeypatch.setattr(chat_view.QMessageBox, "information", lambda *a: told.append(a))
+    monkeypatch.setattr(markdown_view.QDesktopServices, "openUrl", lambda u: opened.append(u))
+    monkeypatch.setattr(markdown_view.QMessageBox, "information", lambda *a: told.append(a))
     view.set_markdown(f"[click]({url})")
     before = view.document().toPlainText()
     view.anchorClicked.emit(QUrl(url))
@@ -74,8 +74,10 @@ def test_non_web_links_are_refused(view, monkeypatch, url):
 @pytest.mark.parametrize("answer", [QMessageBox.StandardButton.Yes, QMessageBox.StandardButton.No])
 def test_web_links_open_only_after_a_yes(view, monkeypatch, answer):
     opened, asked = [], []
-    monkeypatch.setattr(chat_view.QDesktopServices, "openUrl", lambda u: opened.append(u) or True)
-    monkeypatch.setattr(chat_view.QMessageBox, "question", lambda *a: asked.append(a) or answer)
+    monkeypatch.setattr(
+        markdown_view.QDesktopServices, "openUrl", lambda u: opened.append(u) or True
+    )
+    monkeypatch.setattr(markdown_view.QMessageBox, "question", lambda *a: asked.append(a) or answer)
     view.set_markdown("[docs](https://example.com/docs)")
     view.anchorClicked.emit(QUrl("https://example.com/docs"))
     assert len(asked) == 1

@@ -2,7 +2,9 @@
 
 The image is rebuilt from the snapshot's arrays (raster.py) on each new snapshot; the grid's
 columns follow the view's shape so cells stay square and the pool fills the view. Zoom with the
-wheel, pan by dragging; the pointer's image coordinates give the block under it.
+wheel, pan by dragging; the pointer's image coordinates give the block under it. The hover
+card is a top-level tooltip window placed at the pointer on screen, so the map's edges never
+clip it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class BlockMapView(pg.GraphicsView):
         self.hovered = -1
         self.auto_fit = True  # keep the pool fitted to the view until the user zooms or pans
         self.last_build_ms = 0.0  # RGBA build + setImage of the latest redraw
-        self.hover_label = QLabel(self)
+        # A tooltip window of its own (owned by the view): a child label would be clipped.
+        self.hover_label = QLabel(self, Qt.WindowType.ToolTip)
         self.hover_label.setStyleSheet(HOVER_STYLE)
         self.hover_label.setTextFormat(Qt.TextFormat.RichText)
         self.hover_label.setWordWrap(True)
@@ -174,19 +177,27 @@ class BlockMapView(pg.GraphicsView):
         self.hover_label.setText(html)
         self.hover_label.adjustSize()
         self._place_hover()
-        self.hover_label.show()
-        self.hover_label.raise_()
+        self.hover_label.show()  # a tooltip window: on top without raise_()
 
     def hide_hover(self) -> None:
         self.hover_label.hide()
 
+    def hideEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        self.hide_hover()  # a top-level card would otherwise outlive its hidden map
+        super().hideEvent(event)
+
     def _place_hover(self) -> None:
+        """Below right of the pointer, flipped to its other side where the screen ends."""
         size = self.hover_label.size()
-        x, y = self._pointer.x() + 16, self._pointer.y() + 16
-        if x + size.width() > self.width():
-            x = max(0, self._pointer.x() - size.width() - 12)
-        if y + size.height() > self.height():
-            y = max(0, self._pointer.y() - size.height() - 12)
+        pointer = self.mapToGlobal(self._pointer)
+        screen = (self.screen() or self.hover_label.screen()).availableGeometry()
+        x, y = pointer.x() + 16, pointer.y() + 16
+        if x + size.width() > screen.right():
+            x = pointer.x() - size.width() - 12
+        if y + size.height() > screen.bottom():
+            y = pointer.y() - size.height() - 12
+        x = min(max(x, screen.left()), screen.right() - size.width())
+        y = min(max(y, screen.top()), screen.bottom() - size.height())
         self.hover_label.move(x, y)
 
     def point_of_block(self, block: int) -> QPoint:

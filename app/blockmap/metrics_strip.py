@@ -9,6 +9,7 @@ from PySide6.QtGui import QTextDocumentFragment
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app.blockmap import colors
+from app.blockmap.glossary import explain
 from app.blockmap.traffic import Memory
 from engine.kv.snapshot import KVSnapshot, PoolMetrics
 
@@ -20,10 +21,22 @@ TILE_STYLE = (
     " QLabel#detail { color: #A9B0BD; font-size: 10px; }"
 )
 TILES = (
-    ("held", "KV HELD", "Share of the pool's slots held by sequences (used + reserved blocks)."),
-    ("useful", "USEFUL SLOTS", "Held slots that hold K/V: the rest is reserved or partial waste."),
-    ("seqs", "SEQUENCES", "Paged engine: running · waiting · preempted (waiting again)."),
-    ("rate", "TOKENS / S", "Generated tokens per second over the last 2 s (from snapshots)."),
+    (
+        "held",
+        "KV HELD",
+        "<p>Share of the pool's blocks held (used + reserved).</p>" + explain("held"),
+    ),
+    ("useful", "USEFUL SLOTS", explain("useful slots")),
+    (
+        "seqs",
+        "SEQUENCES",
+        "<p>The engine: running · waiting · preempted (waiting again).</p>" + explain("preempted"),
+    ),
+    (
+        "rate",
+        "TOKENS / S",
+        "Generated tokens per second, from snapshots, over at least 3 s and at least 4 steps.",
+    ),
     ("prefix", "PREFIX HITS", "Prompt tokens served from the prefix cache, since start."),
     ("memory", "MEMORY", "Device memory (NVML), or the process's RSS on a CPU-only machine."),
 )
@@ -34,8 +47,18 @@ def held_share(m: PoolMetrics) -> float:
     return (m.blocks_used + m.blocks_reserved) / m.blocks_total if m.blocks_total else 0.0
 
 
+def useful_share(m: PoolMetrics) -> float:
+    """Share of held slots holding K/V; NaN when nothing is held (no share to speak of)."""
+    return m.useful_slot_share if m.slots_held else math.nan
+
+
+def allocator_name(s: KVSnapshot) -> str:
+    """The allocator a snapshot's pool runs: "paged", "contiguous" or the "naive" shadow."""
+    return "naive" if s.allocator == "contiguous-shadow" else s.allocator
+
+
 def _pct(x: float) -> str:
-    return "–" if math.isnan(x) else f"{100 * x:.0f}%"
+    return "—" if math.isnan(x) else f"{100 * x:.0f}%"
 
 
 def _count(n: int) -> str:
@@ -91,26 +114,35 @@ class MetricsStrip(QWidget):
         memory: Memory,
         tokens_per_s: float,
         recent_prefix_hit_rate: float,
+        rate_window_s: float = 3.0,
     ) -> None:
         pm = paged.metrics
         sm = shadow.metrics if shadow is not None else None
         t = self.tiles
+        name = allocator_name(paged)
         t["held"].value.setText(versus(_pct(held_share(pm)), sm and _pct(held_share(sm))))
-        t["held"].detail.setText(f"{pm.blocks_used:,} of {pm.blocks_total:,} blocks (paged)")
-        t["useful"].value.setText(
-            versus(_pct(pm.useful_slot_share), sm and _pct(sm.useful_slot_share))
-        )
-        waste = f"paged wastes {pm.internal_waste_slots:,} slots"
+        # Reserved blocks are held too: the status bar's count (llm.stats()) includes them.
+        held = pm.blocks_used + pm.blocks_reserved
+        detail = f"{held:,} of {pm.blocks_total:,} blocks ({name})"
+        if pm.blocks_reserved:
+            detail += f", {pm.blocks_reserved:,} reserved empty"
+        t["held"].detail.setText(detail)
+        t["useful"].value.setText(versus(_pct(useful_share(pm)), sm and _pct(useful_share(sm))))
+        waste = f"{name} wastes {pm.internal_waste_slots:,} slots"
         if sm is not None:
             waste += f", naive {sm.internal_waste_slots:,}"
-        t["useful"].detail.setText(waste)
+        t["useful"].detail.setText(
+            waste if pm.slots_held or (sm and sm.slots_held) else "nothing held"
+        )
         running = stats.get("num_running", pm.num_running)
         waiting = stats.get("num_waiting", pm.num_waiting)
         t["seqs"].value.setText(f"{running} · {waiting} · {pm.num_preempted}")
         naive = f", naive: {sm.num_waiting} waiting" if sm is not None else ""
         t["seqs"].detail.setText(f"run · wait · preempted{naive}")
         t["rate"].value.setText(f"{tokens_per_s:,.1f}")
-        t["rate"].detail.setText(f"step {stats.get('num_steps', paged.step):,}")
+        t["rate"].detail.setText(
+            f"over {rate_window_s:.0f} s · step {stats.get('num_steps', paged.step):,}"
+        )
         hits = stats.get("prefix_cache_hit_tokens", pm.prefix_hit_tokens)
         queries = stats.get("prefix_cache_query_tokens", pm.prefix_query_tokens)
         t["prefix"].value.setText(_pct(hits / queries if queries else math.nan))

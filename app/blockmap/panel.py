@@ -4,24 +4,27 @@ a metrics strip and rolling plots. The window feeds it snapshots ~10 times a sec
 Selection: clicking a block selects its owning sequence, clicking a legend chip selects that
 group's live sequences; the selected block tables stay lit on both maps, everything else dims.
 Selection is kept by request id, so it follows the same request across both allocators.
+Every term in the captions and the key has a tooltip (glossary.py); a banner says when the
+naive allocator cannot hold two sequences at these settings (app/pool_fit.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
-from app.blockmap import colors
 from app.blockmap.block_map import BlockMapView
+from app.blockmap.captions import paged_caption, selection_caption, shadow_caption
+from app.blockmap.glossary import explain
 from app.blockmap.legend import GroupLegend, StateKey
-from app.blockmap.metrics_strip import MetricsStrip, held_share
+from app.blockmap.metrics_strip import MetricsStrip, held_share, useful_share
 from app.blockmap.time_plots import TimePlots
 from app.blockmap.tooltip import describe_block
 from app.blockmap.traffic import TrafficCounter, read_memory
+from app.pool_fit import naive_warning
 from app.request_ids import group_of
 from engine.kv.snapshot import BlockState, KVSnapshot, SequenceInfo
 
@@ -34,52 +37,17 @@ PANEL_STYLE = (
     " QScrollBar::add-line:vertical, QScrollBar::sub-line:vertical { height: 0; }"
 )
 CAPTION_STYLE = "color: #C9CED6; font-size: 11px;"
+BANNER_STYLE = (
+    "background: #3A2E12; color: #F2D49B; border: 1px solid #7A5A1E; border-radius: 4px;"
+    " padding: 4px 8px; font-size: 11px;"
+)
 INFO_RETRY_S = 0.5  # re-ask for a hovered block's tokens at most this often while it changes
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
-
-
-def paged_caption(s: KVSnapshot) -> str:
-    m = s.metrics
-    # The engine itself may run the naive allocator (allocator="contiguous").
-    name = "Paged pool" if s.allocator == "paged" else "Contiguous pool (engine)"
-    return (
-        f"<b style='color:{colors.PAGED_HEX}'>{name}</b> · {s.num_blocks:,} blocks ×"
-        f" {s.block_size} slots · held {_pct(held_share(m))} · useful"
-        f" {_pct(m.useful_slot_share)} · {m.blocks_shared:,} shared · {m.blocks_cached:,} cached"
-        f" · {m.num_waiting} waiting"
-    )
-
-
-def selection_caption(s: KVSnapshot, seq_ids: set[int], name: str) -> str:
-    """One line about the selected sequences: how many blocks they hold, how many shared."""
-    tables = [q.block_table for q in s.sequences if q.seq_id in seq_ids]
-    blocks = {b for t in tables for b in t}
-    shared = sum(int(s.ref_count[b]) > 1 for b in blocks)
-    seqs = f"{len(tables)} sequences" if len(tables) != 1 else "1 sequence"
-    return (
-        f"<br><span style='color:#E8EAED'>Selected <b>{name}</b>: {seqs}, {len(blocks)} blocks"
-        f" ({shared} shared)</span> <span style='color:#7A8290'>· click it again to clear</span>"
-    )
-
-
-def shadow_caption(s: KVSnapshot) -> str:
-    m = s.metrics
-    return (
-        f"<b style='color:{colors.NAIVE_HEX}'>Naive contiguous</b>, same traffic ·"
-        f" held {_pct(held_share(m))} · useful {_pct(m.useful_slot_share)} ·"
-        f" {m.blocks_reserved:,} reserved empty · <b>{m.num_waiting} waiting</b>"
-        f" ({m.num_would_wait} run in paged) · largest free run {m.largest_free_run:,}"
-        f" of {m.blocks_free:,} free ({m.num_free_runs:,} holes)"
-    )
 
 
 class _MapFrame(QWidget):
     """A caption over a block map (or over a note when there is nothing to show)."""
 
-    def __init__(self, placeholder: str) -> None:
+    def __init__(self, placeholder: str, terms: tuple[str, ...]) -> None:
         super().__init__()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -90,6 +58,7 @@ class _MapFrame(QWidget):
         self.caption.setStyleSheet(CAPTION_STYLE)
         self.caption.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
         self.caption.setFixedHeight(3 * self.caption.fontMetrics().lineSpacing() + 4)
+        self.caption.setToolTip(explain(*terms))
         self.map = BlockMapView()
         layout.addWidget(self.caption)
         layout.addWidget(self.map, 1)
@@ -117,12 +86,19 @@ class BlockMapPanel(QWidget):
         self._asked: tuple[int, tuple, float] | None = None  # block, its content key, when
 
         self.strip = MetricsStrip()
-        self.paged_frame = _MapFrame("Paged pool: waiting for the engine…")
-        self.shadow_frame = _MapFrame("Naive contiguous allocator: no shadow snapshot yet")
+        self.paged_frame = _MapFrame(
+            "Paged pool: waiting for the engine…", ("held", "useful slots", "shared", "cached")
+        )
+        self.shadow_frame = _MapFrame(
+            "Naive contiguous allocator: no shadow snapshot yet",
+            ("same traffic", "held", "useful slots", "reserved", "holes"),
+        )
+        self.banner = QLabel(objectName="naiveWarning", wordWrap=True)
+        self.banner.setStyleSheet(BANNER_STYLE)
+        self.banner.setVisible(False)
         self.paged_map = self.paged_frame.map
         self.shadow_map = self.shadow_frame.map
         self.legend = GroupLegend()
-        self.legend.setFixedHeight(84)
         self.key = StateKey()
         self.plots = TimePlots()
 
@@ -132,15 +108,13 @@ class BlockMapPanel(QWidget):
         maps_row.setSpacing(10)
         maps_row.addWidget(self.paged_frame, 1)
         maps_row.addWidget(self.shadow_frame, 1)
-        legend_row = QHBoxLayout()
-        legend_row.setSpacing(10)
-        legend_row.addWidget(self.legend, 1)
-        legend_row.addWidget(self.key, 0, Qt.AlignmentFlag.AlignTop)
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(0, 0, 0, 0)
         top_layout.addWidget(maps, 1)
-        top_layout.addLayout(legend_row)
+        # Chips above the key, each the full width: side by side they overlapped under 1600 px.
+        top_layout.addWidget(self.legend)
+        top_layout.addWidget(self.key)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(top)
         splitter.addWidget(self.plots)
@@ -149,6 +123,7 @@ class BlockMapPanel(QWidget):
         splitter.setSizes([600, 330])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
+        layout.addWidget(self.banner)
         layout.addWidget(self.strip)
         layout.addWidget(splitter, 1)
 
@@ -170,6 +145,7 @@ class BlockMapPanel(QWidget):
         memory = read_memory(device_memory)
         changed = paged is not self.paged or shadow is not self.shadow
         self.paged, self.shadow, self.stats = paged, shadow, stats or {}
+        self._update_banner()
         if changed:
             self._draw_maps()
             self._refresh_hover()
@@ -180,6 +156,7 @@ class BlockMapPanel(QWidget):
             memory,
             self.counter.tokens_per_s,
             self.counter.recent_prefix_hit_rate,
+            self.counter.rate_window,
         )
         pm, sm = paged.metrics, shadow.metrics if shadow is not None else None
         self.plots.add_sample(
@@ -187,8 +164,8 @@ class BlockMapPanel(QWidget):
             {
                 "paged_held": 100 * held_share(pm),
                 "naive_held": sm and 100 * held_share(sm),
-                "paged_useful": 100 * pm.useful_slot_share,
-                "naive_useful": sm and 100 * sm.useful_slot_share,
+                "paged_useful": 100 * useful_share(pm),
+                "naive_useful": sm and 100 * useful_share(sm),
                 "running": self.stats.get("num_running", pm.num_running),
                 "waiting": self.stats.get("num_waiting", pm.num_waiting),
                 "preempted": pm.num_preempted,
@@ -199,6 +176,17 @@ class BlockMapPanel(QWidget):
                 "mem_process": memory.process_gib,
             },
         )
+
+    def _update_banner(self) -> None:
+        """Warn when the naive allocator holds fewer than two full-length sequences."""
+        stats = self.stats
+        keys = ("kv_blocks_total", "kv_block_size", "max_model_len")
+        warning = ""
+        if all(isinstance(stats.get(k), int) for k in keys):
+            warning = naive_warning(*(stats[k] for k in keys))
+        if warning != self.banner.text():
+            self.banner.setText(warning)
+            self.banner.setVisible(bool(warning))
 
     def set_group_labels(self, labels: dict[str, str]) -> None:
         self.labels = dict(labels)
@@ -294,14 +282,18 @@ class BlockMapPanel(QWidget):
             for s in snapshot.sequences
             if s.status != "finished"
         }
-        blocks = Counter()
+        blocks: dict[str, set[int]] = {}
         for s in self.paged.sequences if self.paged is not None else ():
-            blocks[group_of(s.request_id)] += len(s.block_table)
+            blocks.setdefault(group_of(s.request_id), set()).update(s.block_table)
+        ref = self.paged.ref_count if self.paged is not None else None
         entries = []
         for group in sorted(live, key=_natural_key):
             label = self.labels.get(group)
             name = f"{group} · {label}" if label else group
-            entries.append((group, f"{name}  ({blocks[group]} blocks)"))
+            held = blocks.get(group, set())
+            shared = sum(int(ref[b]) > 1 for b in held) if ref is not None else 0
+            more = f", {shared} shared" if shared else ""
+            entries.append((group, f"{name}  ({len(held)} blocks{more})"))
         selected = self._selection[1] if self._selection and self._selection[0] == "group" else None
         self.legend.set_groups(entries, selected)
 

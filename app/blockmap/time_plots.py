@@ -11,6 +11,7 @@ from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QWidget
 
 from app.blockmap import colors
+from app.blockmap.plot_title import wrap_title
 
 WINDOW_S = 120.0
 REDRAW_S = 0.5  # samples come ~10 times a second; a two-minute plot needs far fewer redraws
@@ -18,7 +19,9 @@ CAPACITY = 4096  # samples kept (about 6 minutes at 10 Hz); trimmed by time when
 GREEN, RED, GREY = "#2BB673", "#E8354F", "#A9B0BD"
 DASH = Qt.PenStyle.DashLine
 
-# (title, y unit, fixed y range or None, [(series key, legend name, colour, pen style)])
+# (title, y unit, fixed y range or the least top of a range from 0, [(series key, legend name,
+# colour, pen style)]). Free ranges start at 0 too: autoscaling to the data's own span made a
+# 0.0001 GiB wobble in memory look like a jump.
 PLOTS = (
     (
         "KV held",
@@ -41,7 +44,7 @@ PLOTS = (
     (
         "Sequences",
         "",
-        None,
+        4.0,
         [
             ("running", "run", GREEN, None),
             ("waiting", "wait", colors.PAGED_HEX, None),
@@ -49,16 +52,17 @@ PLOTS = (
             ("naive_waiting", "naive wait", colors.NAIVE_HEX, DASH),
         ],
     ),
-    ("Tokens / s", "", None, [("tokens_per_s", "generated", colors.PAGED_HEX, None)]),
+    ("Tokens / s", "", 10.0, [("tokens_per_s", "generated", colors.PAGED_HEX, None)]),
     ("Prefix hit rate (10 s)", "%", (0, 100), [("prefix_hit", "hits", GREEN, None)]),
     (
         "Memory",
         "GiB",
-        None,
+        0.5,
         [("mem_used", "used", GREY, None), ("mem_process", "this process", colors.PAGED_HEX, None)],
     ),
 )
 SERIES = tuple(key for _t, _u, _r, series in PLOTS for key, *_ in series)
+HEADROOM = 1.15  # a free range's top above its largest value
 
 
 def _title(title: str, unit: str, series: list) -> str:
@@ -86,21 +90,21 @@ class TimePlots(pg.GraphicsLayoutWidget):
                 self.nextRow()
             plot = self.addPlot(title=_title(title, unit, series))
             plot.titleLabel.setAttr("size", "8pt")
-            # A title may be clipped, but must not widen the plots past a narrow map column.
-            plot.titleLabel.setMinimumWidth(0)
+            # A long title wraps rather than widening the plots or overlapping its neighbour.
+            wrap_title(plot)
             plot.setMinimumWidth(0)
             plot.setMenuEnabled(False)
             plot.setMouseEnabled(x=False, y=False)
             plot.hideButtons()
             plot.showGrid(x=True, y=True, alpha=0.15)
             plot.setXRange(-WINDOW_S, 0, padding=0)
-            if y_range:
+            if isinstance(y_range, tuple):
                 plot.setYRange(*y_range, padding=0.06)
                 ticks = [(v, f"{v:g}") for v in np.linspace(*y_range, 3)]
                 plot.getAxis("left").setTicks([ticks, []])
                 plot.getAxis("left").setStyle(hideOverlappingLabels=False)
             else:
-                plot.enableAutoRange(axis="y")
+                plot.setYRange(0, y_range, padding=0)
             for axis in ("left", "bottom"):
                 plot.getAxis(axis).setTextPen("#8C94A3")
                 plot.getAxis(axis).setPen("#3A404C")
@@ -129,6 +133,11 @@ class TimePlots(pg.GraphicsLayoutWidget):
     def redraw(self) -> None:
         for key, curve in self.curves.items():
             curve.setData(*self.series(key))
+        for plot, (_title, _unit, y_range, series) in zip(self.plots, PLOTS, strict=True):
+            if not isinstance(y_range, tuple):
+                values = np.concatenate([self.series(key)[1] for key, *_ in series])
+                top = np.nanmax(values) if np.isfinite(values).any() else 0.0
+                plot.setYRange(0, max(float(top) * HEADROOM, y_range), padding=0)
         self._drawn_at = self._t[self._n - 1] if self._n else -math.inf
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:

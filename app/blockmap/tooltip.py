@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from app.blockmap import colors
-from app.request_ids import group_of
+from app.request_ids import LOAD_PREFIX, conversation_of_group, group_of
 from engine.kv.snapshot import BlockState, KVSnapshot
 
 MAX_TEXT_CHARS = 240
@@ -27,6 +27,22 @@ def block_owners(snapshot: KVSnapshot, block: int) -> list[tuple[str, int, int]]
         elif block in s.reserved_blocks:
             owners.append((s.request_id, s.seq_id, s.reserved_blocks.index(block)))
     return owners
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def sharers(request_ids: list[str]) -> str:
+    """Who shares a block, by request group: "3 chats", "2 chats, 1 simulated user"."""
+    groups = {group_of(r) for r in request_ids}
+    chats = sum(conversation_of_group(g) is not None for g in groups)
+    users = sum(g.startswith(LOAD_PREFIX) for g in groups)
+    parts = [_plural(chats, "chat")] if chats else []
+    parts += [_plural(users, "simulated user")] if users else []
+    if len(groups) - chats - users:
+        parts.append(_plural(len(groups) - chats - users, "other request"))
+    return ", ".join(parts)
 
 
 def _shown_text(text: str) -> str:
@@ -66,8 +82,16 @@ def describe_block(
     if len(owners) > 6:
         lines.append(f"… and {len(owners) - 6} more sequences")
     ref = int(snapshot.ref_count[block])
-    shared = f" — shared by {ref} sequences" if ref > 1 else ""
-    lines.append(f"ref count: {ref}{shared}")
+    if ref > 1:
+        who = sharers([request_id for request_id, _, _ in owners])
+        of_whom = f" of {who}" if who else ""
+        lines.append(
+            f"<b style='color:#F0E6C8'>shared by {ref} sequences{of_whom}</b>"
+            f" <span style='color:#9AA3B2'>(ref count {ref}; drawn in the first owner's"
+            " colour, with a ring)</span>"
+        )
+    else:
+        lines.append(f"ref count: {ref}")
     if state == BlockState.USED:
         lines.append(f"filled: {int(snapshot.filled[block])} / {bs} slots")
     if snapshot.has_hash[block]:

@@ -4,17 +4,24 @@ Tokens/s counts generated tokens: each live sequence's growth in num_tokens sinc
 snapshot (a sequence seen for the first time adds what it generated beyond its prompt). A
 sequence that starts and finishes between two snapshots (~0.1 s apart) is missed, so the figure
 can read slightly low; it is the rate the map shows, measured on the GUI's clock.
+
+The rate is taken over at least `rate_window_s` and at least MIN_RATE_STEPS snapshot changes:
+on a slow machine one step can outlast any fixed window, and a window with no new snapshot in
+it would read 0 tokens/s while every sequence is decoding.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
 from engine.kv.snapshot import KVSnapshot
 
 GIB = 1 << 30
+MIN_RATE_STEPS = 4  # the rate window spans at least this many snapshot changes
+MAX_RATE_WINDOW_S = 60.0  # ... but no more than this: an idle engine reads 0 after a minute
 
 
 @dataclass
@@ -76,17 +83,19 @@ def read_memory(device_memory: dict | None) -> Memory:
 class TrafficCounter:
     """Generated tokens and prefix lookups over time, sampled once per update."""
 
-    def __init__(self, rate_window_s: float = 2.0, prefix_window_s: float = 10.0) -> None:
+    def __init__(self, rate_window_s: float = 3.0, prefix_window_s: float = 10.0) -> None:
         self.rate_window_s = rate_window_s
         self.prefix_window_s = prefix_window_s
         self.generated_tokens = 0
         self._seen: dict[int, int] = {}  # seq id -> num_tokens at the previous snapshot
         self._last: KVSnapshot | None = None
+        self._changes: deque[float] = deque(maxlen=MIN_RATE_STEPS + 1)  # new-snapshot times
         self._history: deque[tuple[float, int, int, int]] = deque()  # t, generated, hits, queries
 
     def update(self, now: float, snapshot: KVSnapshot | None, stats: dict) -> None:
         if snapshot is not None and snapshot is not self._last:
             self._last = snapshot
+            self._changes.append(now)
             seen = {}
             for s in snapshot.sequences:
                 before = self._seen.get(s.seq_id)
@@ -97,7 +106,7 @@ class TrafficCounter:
         hits = int(stats.get("prefix_cache_hit_tokens", 0) or 0)
         queries = int(stats.get("prefix_cache_query_tokens", 0) or 0)
         self._history.append((now, self.generated_tokens, hits, queries))
-        horizon = now - max(self.rate_window_s, self.prefix_window_s) - 1.0
+        horizon = now - max(MAX_RATE_WINDOW_S, self.prefix_window_s) - 1.0
         while len(self._history) > 2 and self._history[1][0] < horizon:
             self._history.popleft()
 
@@ -105,11 +114,23 @@ class TrafficCounter:
         return next((h for h in self._history if h[0] >= now - window), self._history[-1])
 
     @property
+    def rate_window(self) -> float:
+        """Seconds the rate is taken over: rate_window_s, or MIN_RATE_STEPS typical gaps
+        between snapshot changes when steps are slower. While sequences run, the gap since the
+        last change counts too: the step under way is at least that long."""
+        changes = list(self._changes)
+        gaps = [b - a for a, b in zip(changes, changes[1:], strict=False)]
+        typical = statistics.median(gaps) if gaps else 0.0
+        if changes and self._last is not None and self._last.metrics.num_running:
+            typical = max(typical, self._history[-1][0] - changes[-1])
+        return min(MAX_RATE_WINDOW_S, max(self.rate_window_s, MIN_RATE_STEPS * typical))
+
+    @property
     def tokens_per_s(self) -> float:
         if len(self._history) < 2:
             return 0.0
         now, generated = self._history[-1][:2]
-        t0, g0, _, _ = self._since(now, self.rate_window_s)
+        t0, g0, _, _ = self._since(now, self.rate_window)
         return (generated - g0) / (now - t0) if now - t0 > 0.05 else 0.0
 
     @property

@@ -6,104 +6,25 @@ messages plus the reply in flight, and it reports what the user asks for through
 
 from __future__ import annotations
 
-import math
-
-from PySide6.QtCore import Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QKeyEvent
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
-    QFrame,
     QHBoxLayout,
     QLabel,
-    QMessageBox,
     QPlainTextEdit,
     QPushButton,
     QScrollArea,
     QSizePolicy,
-    QTextBrowser,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
-from app.chat.markdown import SafeDocument, render_markdown
+from app.chat.context_meter import ContextMeter
+from app.chat.markdown import plain_text
+from app.chat.message_bubble import MessageBubble
 from app.chat.sampling_panel import SamplingPanel
 from app.chat.store import Conversation, Message
-
-
-def format_metrics(metrics: dict) -> str:
-    """'TTFT 0.42 s · 12.3 tok/s · prompt 35 tok (16 cached) · 48 tok' from a reply's metrics."""
-    parts = []
-    if metrics.get("ttft_s") is not None:
-        parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
-    if metrics.get("tokens_per_s") is not None:
-        parts.append(f"{metrics['tokens_per_s']:.1f} tok/s")
-    if "prompt_tokens" in metrics:
-        parts.append(
-            f"prompt {metrics['prompt_tokens']} tok ({metrics.get('cached_tokens', 0)} cached)"
-        )
-    if "generated_tokens" in metrics:
-        parts.append(f"{metrics['generated_tokens']} tok")
-    if metrics.get("dropped_turns"):
-        parts.append(f"{metrics['dropped_turns']} oldest turn(s) left out to fit")
-    if metrics.get("finish_reason") == "length":
-        parts.append("hit max tokens")
-    return " · ".join(parts)
-
-
-LINK_SCHEMES = ("http", "https")
-
-
-def open_link(url: QUrl) -> bool:
-    """Open an http(s) link in the browser once the user agrees; anything else is refused.
-    Returns whether it was opened."""
-    scheme = url.scheme().lower()
-    shown = url.toString()
-    if scheme not in LINK_SCHEMES:
-        QMessageBox.information(
-            None,
-            "Link not opened",
-            f"KVScope opens only http and https links from chats.\n\n{shown}",
-        )
-        return False
-    answer = QMessageBox.question(None, "Open link?", f"Open this link in your browser?\n\n{shown}")
-    if answer != QMessageBox.StandardButton.Yes:
-        return False
-    return QDesktopServices.openUrl(url)
-
-
-class MarkdownView(QTextBrowser):
-    """A read-only markdown block as tall as its text: the scroll area around it scrolls."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        # A click never navigates the bubble (a file:// link would replace it with the file) and
-        # never goes straight to the OS: `open_link` asks first, and only for http(s).
-        self.setOpenLinks(False)
-        self.setOpenExternalLinks(False)
-        self.anchorClicked.connect(open_link)
-        self.setDocument(SafeDocument(self))
-        self.setFrameShape(QFrame.NoFrame)
-        self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
-        self.document().setDocumentMargin(2)
-        self.document().documentLayout().documentSizeChanged.connect(self._fit)
-        self._markdown = ""
-
-    def set_markdown(self, text: str) -> None:
-        if text != self._markdown:
-            self._markdown = text
-            render_markdown(self.document(), text)
-
-    def markdown(self) -> str:
-        return self._markdown
-
-    def loadResource(self, kind: int, url: QUrl):  # noqa: N802 (Qt's name)
-        """Chat content loads nothing: no file, no network, whatever the markdown says."""
-        return None
-
-    def _fit(self, size) -> None:
-        self.setFixedHeight(math.ceil(size.height()) + 2 * self.frameWidth())
 
 
 class ElidedLabel(QLabel):
@@ -130,88 +51,6 @@ class ElidedLabel(QLabel):
     def _elide(self) -> None:
         shown = self.fontMetrics().elidedText(self._full, Qt.ElideRight, max(self.width(), 40))
         super().setText(shown)
-
-
-class MessageBubble(QFrame):
-    edit_requested = Signal(int)  # message id
-    regenerate_requested = Signal()
-    alternative_selected = Signal(int, int)  # message id (-1 while streaming), index
-
-    def __init__(self, role: str, message_id: int | None, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.role = role
-        self.message_id = message_id
-        self.setObjectName("userBubble" if role == "user" else "assistantBubble")
-        self.who = QLabel("You" if role == "user" else "Assistant", objectName="bubbleRole")
-        self.status = QLabel(objectName="bubbleStatus")
-        self.prev_alt = QToolButton(text="‹", objectName="altButton")
-        self.alt_label = QLabel(objectName="altLabel")
-        self.next_alt = QToolButton(text="›", objectName="altButton")
-        self.copy = QToolButton(text="Copy", objectName="bubbleAction")
-        self.edit = QToolButton(text="Edit", objectName="bubbleAction")
-        self.regenerate = QToolButton(text="Regenerate", objectName="bubbleAction")
-        self.body = MarkdownView()
-        self.metrics = QLabel(objectName="bubbleMetrics", wordWrap=True)
-        header = QHBoxLayout()
-        header.setSpacing(6)
-        for w in (self.who, self.status):
-            header.addWidget(w)
-        header.addStretch(1)
-        for w in (self.prev_alt, self.alt_label, self.next_alt, self.copy, self.edit):
-            header.addWidget(w)
-        header.addWidget(self.regenerate)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(12, 8, 12, 8)
-        layout.setSpacing(4)
-        layout.addLayout(header)
-        layout.addWidget(self.body)
-        layout.addWidget(self.metrics)
-        self._alternatives: list[str] = []
-        self._selected = 0
-        self.edit.setVisible(role == "user" and message_id is not None)
-        self.regenerate.setVisible(False)
-        self.copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.body.markdown()))
-        self.edit.clicked.connect(lambda: self.edit_requested.emit(self.message_id))
-        self.regenerate.clicked.connect(self.regenerate_requested)
-        self.prev_alt.clicked.connect(lambda: self._step_alternative(-1))
-        self.next_alt.clicked.connect(lambda: self._step_alternative(1))
-
-    def set_content(
-        self,
-        text: str,
-        status: str = "complete",
-        alternatives: list[str] | None = None,
-        selected: int = 0,
-        metrics: dict | None = None,
-    ) -> None:
-        self._alternatives = list(alternatives or [])
-        self._selected = selected
-        shown = self._alternatives[selected] if self._alternatives else text
-        self.body.set_markdown(shown or ("…" if status == "generating" else ""))
-        labels = {"stopped": "stopped", "error": "error", "generating": "generating…"}
-        self.status.setText(labels.get(status, ""))
-        self.status.setProperty("state", status)
-        many = len(self._alternatives) > 1
-        for w in (self.prev_alt, self.alt_label, self.next_alt):
-            w.setVisible(many)
-        if many:
-            self.alt_label.setText(f"{selected + 1}/{len(self._alternatives)}")
-            self.prev_alt.setEnabled(selected > 0)
-            self.next_alt.setEnabled(selected < len(self._alternatives) - 1)
-        self.metrics.setText(format_metrics(metrics or {}))
-        self.metrics.setVisible(bool(metrics))
-
-    def set_editable(self, on: bool) -> None:
-        self.edit.setEnabled(on)
-
-    def set_regenerable(self, on: bool) -> None:
-        self.regenerate.setVisible(on)
-
-    def _step_alternative(self, delta: int) -> None:
-        index = self._selected + delta
-        if 0 <= index < len(self._alternatives):
-            mid = self.message_id if self.message_id is not None else -1
-            self.alternative_selected.emit(mid, index)
 
 
 class ComposerEdit(QPlainTextEdit):
@@ -271,6 +110,7 @@ class ChatView(QWidget):
 
         self.edit_banner = QLabel(objectName="editBanner")
         self.edit_banner.setVisible(False)
+        self.context_meter = ContextMeter()
         self.composer = ComposerEdit(objectName="composer")
         self.composer.setPlaceholderText("Message the model — Enter to send, Shift+Enter newline")
         self.composer.setMaximumHeight(96)
@@ -296,7 +136,10 @@ class ChatView(QWidget):
         layout.addWidget(self.scroll, 1)
         layout.addWidget(self.notice)
         layout.addWidget(self.sampling)
-        layout.addWidget(self.edit_banner)
+        above_composer = QHBoxLayout()
+        above_composer.addWidget(self.edit_banner, 1)
+        above_composer.addWidget(self.context_meter, 0, Qt.AlignRight)
+        layout.addLayout(above_composer)
         layout.addLayout(composer_row)
 
         self._bubbles: list[MessageBubble] = []
@@ -319,9 +162,7 @@ class ChatView(QWidget):
 
     # ---- what the window tells it --------------------------------------------------------
     def set_conversation(self, conversation: Conversation | None, messages: list[Message]) -> None:
-        if self._system_timer.isActive():  # an edit still waiting to be saved: save it first
-            self._system_timer.stop()
-            self._flush_system_prompt()
+        self.flush_system_prompt()  # an edit still waiting to be saved goes to its own chat
         self._conversation_id = conversation.id if conversation else -1
         self.cancel_edit()
         self.clear_notice()
@@ -331,10 +172,12 @@ class ChatView(QWidget):
             bubble.hide()
             bubble.deleteLater()
         self._bubbles, self._pending = [], None
-        self.title.setText(conversation.title if conversation else "New chat")
-        self.system_prompt.blockSignals(True)
-        self.system_prompt.setPlainText(conversation.system_prompt if conversation else "")
-        self.system_prompt.blockSignals(False)
+        self.title.setText(plain_text(conversation.title) if conversation else "New chat")
+        system_prompt = conversation.system_prompt if conversation else ""
+        if system_prompt != self.system_prompt.toPlainText():  # else keep the cursor where it is
+            self.system_prompt.blockSignals(True)
+            self.system_prompt.setPlainText(system_prompt)
+            self.system_prompt.blockSignals(False)
         if conversation and conversation.system_prompt:
             self.system_toggle.setChecked(True)
         for msg in messages:
@@ -437,6 +280,16 @@ class ChatView(QWidget):
         self.composer.clear()
         self._editing = -1
         self.edit_banner.setVisible(False)
+
+    def flush_system_prompt(self) -> None:
+        """Save a system-prompt edit still waiting out its delay now: a send must read it."""
+        if self._system_timer.isActive():
+            self._system_timer.stop()
+            self._flush_system_prompt()
+
+    def editing_message_id(self) -> int:
+        """The user message being edited in the composer, or -1."""
+        return self._editing
 
     def _flush_system_prompt(self) -> None:
         if self._conversation_id >= 0:

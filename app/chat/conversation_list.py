@@ -1,11 +1,17 @@
-"""ConversationList: search, new, rename, delete; shows which chats are generating."""
+"""ConversationList: search, new, rename, delete, export; shows which chats are generating.
+
+Titles are shown as plain text (a title made from a first message may hold markdown), and a
+search that matches nothing says so rather than leaving an empty list.
+"""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import (
+    QFileDialog,
     QInputDialog,
+    QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -17,6 +23,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.blockmap.colors import group_hex
+from app.chat.export import export_chat, suggested_file_name
+from app.chat.markdown import plain_text
 from app.chat.store import ChatStore
 from app.request_ids import conversation_group
 
@@ -52,10 +60,14 @@ class ConversationList(QWidget):
         self.list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.ElideRight)
+        self.no_results = QLabel(objectName="emptyHint", wordWrap=True)
+        self.no_results.setAlignment(Qt.AlignHCenter | Qt.AlignTop)
+        self.no_results.setVisible(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         layout.addWidget(self.new_button)
         layout.addWidget(self.search)
+        layout.addWidget(self.no_results)
         layout.addWidget(self.list, 1)
         self._generating: dict[int, QColor | None] = {}
         self._current: int | None = None
@@ -70,11 +82,13 @@ class ConversationList(QWidget):
         """Reload from the store, keeping the selection."""
         self.list.blockSignals(True)
         self.list.clear()
-        for conv in self.store.conversations(self.search.text()):
-            item = QListWidgetItem(self._label(conv.id, conv.title))
+        conversations = self.store.conversations(self.search.text())
+        for conv in conversations:
+            title = plain_text(conv.title) or conv.title
+            item = QListWidgetItem(self._label(conv.id, title))
             item.setIcon(group_swatch(conversation_group(conv.id)))
             item.setData(Qt.UserRole, conv.id)
-            item.setToolTip(conv.title)
+            item.setToolTip(title)
             color = self._generating.get(conv.id)
             if color is not None:
                 item.setForeground(color)
@@ -82,6 +96,9 @@ class ConversationList(QWidget):
             if conv.id == self._current:
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
+        searching = self.search.text().strip()
+        self.no_results.setText(f"No chats match “{searching}”")
+        self.no_results.setVisible(bool(searching) and not conversations)
 
     def _label(self, conversation_id: int, title: str) -> str:
         return (GENERATING_MARK if conversation_id in self._generating else "") + title
@@ -116,6 +133,20 @@ class ConversationList(QWidget):
         if answer == QMessageBox.Yes:
             self.delete_requested.emit(conversation_id)
 
+    def ask_export(self, conversation_id: int, fmt: str) -> None:
+        """Ask where to write the chat ("markdown" or "json") and write it there."""
+        title = self.store.conversation(conversation_id).title
+        kind = "Markdown (*.md)" if fmt == "markdown" else "JSON (*.json)"
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export chat", suggested_file_name(plain_text(title), fmt), kind
+        )
+        if not path:
+            return
+        try:
+            export_chat(self.store, conversation_id, path, fmt)
+        except OSError as e:
+            QMessageBox.warning(self, "The chat was not exported", f"{path}: {e}")
+
     def _item_changed(self, item: QListWidgetItem | None, _previous) -> None:
         if item is not None:
             self._current = item.data(Qt.UserRole)
@@ -123,13 +154,21 @@ class ConversationList(QWidget):
 
     def _context_menu(self, pos) -> None:
         item = self.list.itemAt(pos)
-        if item is None:
-            return
-        conversation_id = item.data(Qt.UserRole)
+        if item is not None:
+            self.menu_for(item.data(Qt.UserRole)).exec(self.list.mapToGlobal(pos))
+
+    def menu_for(self, conversation_id: int) -> QMenu:
+        """The context menu of one chat: rename, export, delete."""
         menu = QMenu(self)
         rename = QAction("Rename…", menu)
         rename.triggered.connect(lambda: self.ask_rename(conversation_id))
         delete = QAction("Delete…", menu)
         delete.triggered.connect(lambda: self.ask_delete(conversation_id))
-        menu.addActions([rename, delete])
-        menu.exec(self.list.mapToGlobal(pos))
+        markdown = QAction("Export as Markdown…", menu)
+        markdown.triggered.connect(lambda: self.ask_export(conversation_id, "markdown"))
+        as_json = QAction("Export as JSON…", menu)
+        as_json.triggered.connect(lambda: self.ask_export(conversation_id, "json"))
+        menu.addActions([rename, markdown, as_json])
+        menu.addSeparator()
+        menu.addAction(delete)
+        return menu

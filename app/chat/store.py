@@ -38,6 +38,8 @@ _MIGRATIONS = [
     );
     CREATE INDEX messages_by_conversation ON messages(conversation_id, position);
     """,
+    # Each chat's own sampling settings as JSON; NULL (chats from before): the app's defaults.
+    "ALTER TABLE conversations ADD COLUMN sampling TEXT",
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 STATUSES = ("complete", "stopped", "error")
@@ -50,6 +52,7 @@ class Conversation:
     system_prompt: str
     created_at: float
     updated_at: float
+    sampling: dict | None = None  # its own SamplingSettings fields; None: the app's defaults
 
 
 @dataclass(frozen=True)
@@ -104,13 +107,15 @@ class ChatStore:
         return _Transaction(self._db)
 
     # ---- conversations -------------------------------------------------------------------
-    def create_conversation(self, title: str = "New chat", system_prompt: str = "") -> Conversation:
+    def create_conversation(
+        self, title: str = "New chat", system_prompt: str = "", sampling: dict | None = None
+    ) -> Conversation:
         now = time.time()
         with self._tx():
             cur = self._db.execute(
-                "INSERT INTO conversations (title, system_prompt, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?)",
-                (title, system_prompt, now, now),
+                "INSERT INTO conversations (title, system_prompt, created_at, updated_at, "
+                "sampling) VALUES (?, ?, ?, ?, ?)",
+                (title, system_prompt, now, now, _json_or_null(sampling)),
             )
         return self.conversation(cur.lastrowid)
 
@@ -120,7 +125,7 @@ class ChatStore:
         ).fetchone()
         if row is None:
             raise KeyError(f"conversation {conversation_id} does not exist")
-        return Conversation(**dict(row))
+        return _conversation(row)
 
     def conversations(self, search: str = "") -> list[Conversation]:
         """Most recently active first; `search` matches titles and message text, any case."""
@@ -136,7 +141,7 @@ class ChatStore:
                 "AND m.content LIKE ?1 ESCAPE '\\') ORDER BY updated_at DESC, id DESC",
                 (pattern,),
             ).fetchall()
-        return [Conversation(**dict(r)) for r in rows]
+        return [_conversation(r) for r in rows]
 
     def rename(self, conversation_id: int, title: str) -> None:
         title = title.strip()
@@ -146,6 +151,16 @@ class ChatStore:
 
     def set_system_prompt(self, conversation_id: int, system_prompt: str) -> None:
         self._update_conversation(conversation_id, "system_prompt", system_prompt)
+
+    def set_sampling(self, conversation_id: int, sampling: dict) -> None:
+        """Keep a chat's sampling settings; not an activity, so the chat keeps its place."""
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE conversations SET sampling = ? WHERE id = ?",
+                (_json_or_null(sampling), conversation_id),
+            )
+        if cur.rowcount == 0:
+            raise KeyError(f"conversation {conversation_id} does not exist")
 
     def _update_conversation(self, conversation_id: int, column: str, value: str) -> None:
         with self._tx():
@@ -270,6 +285,25 @@ class _Transaction:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _conversation(row: sqlite3.Row) -> Conversation:
+    d = dict(row)
+    d["sampling"] = _sampling_from(d["sampling"])
+    return Conversation(**d)
+
+
+def _sampling_from(text: str | None) -> dict | None:
+    """A chat's saved sampling settings; unreadable ones (a salvaged row) read as the defaults."""
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _json_or_null(value: dict | None) -> str | None:
+    return json.dumps(value) if value is not None else None
 
 
 def _message(row: sqlite3.Row) -> Message:

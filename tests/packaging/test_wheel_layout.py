@@ -49,6 +49,6 @@ def test_wheel_top_level_and_assets(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     assert top == {"app", "engine", "kernels", "kvscope-0.1.0.dist-info"}
-    for asset in ("style.qss", "kvscope.png", "chat_mixed.json"):
+    for asset in ("style.qss", "style_light.qss", "kvscope.png", "chat_mixed.json"):
         assert f"app/assets/{asset}" in names
     assert "app/assets/screenshot.png" not in names

@@ -1,0 +1,209 @@
+"""Find the GGUF files a user already has: the folders LM Studio, GPT4All and Jan download into,
+~/models, and the models this app opened before.
+
+Users of those apps keep gigabytes of models there and expect a picker to list them. The scan
+walks folders only (no file is opened), bounded in depth, count and time, skips what it cannot
+read and never enters a folder twice, so a symlink loop ends. `describe` then reads one file's
+GGUF header through the planner (never its weights) for the name and the quantization.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine import planner
+
+MAX_DEPTH = 6  # LM Studio: models/<publisher>/<repo>/<file>.gguf; a little room beyond
+MAX_FILES = 200
+SCAN_BUDGET_S = 2.0
+MAX_RECENT = 10
+RECENT_FILE = "recent_models.json"
+OLLAMA_NOTE = (
+    "Ollama keeps its models as files named by their hash (~/.ollama/models/blobs), so they "
+    "are not listed; choose one with Browse… if you know which it is."
+)
+
+
+@dataclass(frozen=True)
+class SearchRoot:
+    label: str  # the app that keeps models there, shown next to each file
+    path: Path
+
+
+@dataclass(frozen=True)
+class FoundModel:
+    path: Path
+    size_bytes: int
+    source: str  # SearchRoot.label, or "Recent"
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """What the picker's list shows about one file, from its header alone."""
+
+    name: str
+    quantization: str  # the kind that holds most weights ("Q4_K"), "" when unreadable
+    error: str = ""
+
+
+def search_roots(home: Path | None = None) -> list[SearchRoot]:
+    """The usual model folders on this platform, whether or not they exist."""
+    home = home or Path.home()
+    roots = [
+        SearchRoot("LM Studio", home / ".lmstudio" / "models"),
+        SearchRoot("LM Studio", home / ".cache" / "lm-studio" / "models"),
+        SearchRoot("Models folder", home / "models"),
+        SearchRoot("Jan", home / "jan" / "models"),
+    ]
+    if sys.platform == "win32":
+        local = os.environ.get("LOCALAPPDATA")
+        if local:
+            roots.append(SearchRoot("GPT4All", Path(local) / "nomic.ai" / "GPT4All"))
+    elif sys.platform == "darwin":
+        roots.append(
+            SearchRoot("GPT4All", home / "Library" / "Application Support" / "nomic.ai" / "GPT4All")
+        )
+    else:
+        roots.append(SearchRoot("GPT4All", home / ".local" / "share" / "nomic.ai" / "GPT4All"))
+    return roots
+
+
+def ollama_present(home: Path | None = None) -> bool:
+    return ((home or Path.home()) / ".ollama" / "models").is_dir()
+
+
+def find_gguf_files(
+    roots: list[SearchRoot],
+    max_depth: int = MAX_DEPTH,
+    max_files: int = MAX_FILES,
+    budget_s: float = SCAN_BUDGET_S,
+) -> list[FoundModel]:
+    """Every *.gguf under the roots, breadth first, until a bound is reached."""
+    deadline = time.monotonic() + budget_s
+    seen_dirs: set[tuple[int, int]] = set()
+    seen_files: set[Path] = set()
+    found: list[FoundModel] = []
+    for root in roots:
+        queue = [(root.path, 0)]
+        while queue and len(found) < max_files and time.monotonic() < deadline:
+            folder, depth = queue.pop(0)
+            for entry in _entries(folder, seen_dirs):
+                if len(found) >= max_files:
+                    break
+                model = _as_model(entry, root.label, seen_files)
+                if model is not None:
+                    found.append(model)
+                elif depth + 1 < max_depth and _is_dir(entry):
+                    queue.append((Path(entry.path), depth + 1))
+    return found
+
+
+def _entries(folder: Path, seen_dirs: set[tuple[int, int]]) -> list[os.DirEntry]:
+    """The folder's entries, or none if it is unreadable or was already walked."""
+    try:
+        info = folder.stat()
+        if (info.st_dev, info.st_ino) in seen_dirs:
+            return []
+        seen_dirs.add((info.st_dev, info.st_ino))
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name.lower())
+    except OSError:
+        return []
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _as_model(entry: os.DirEntry, source: str, seen: set[Path]) -> FoundModel | None:
+    if not entry.name.lower().endswith(".gguf"):
+        return None
+    try:
+        if not entry.is_file():
+            return None
+        real = Path(entry.path).resolve()
+        size = entry.stat().st_size
+    except (OSError, RuntimeError):  # RuntimeError: resolve() of a symlink loop
+        return None
+    if real in seen:
+        return None
+    seen.add(real)
+    return FoundModel(Path(entry.path), size, source)
+
+
+def describe(path: Path) -> ModelSummary:
+    """Name and quantization from the GGUF header; an unreadable file says why instead."""
+    try:
+        config = planner.model_config(path)
+        header = planner.weights_header(path)
+    except Exception as e:  # any file from anywhere: a row that says why, never a crash
+        return ModelSummary(path.name, "", f"{type(e).__name__}: {e}")
+    return ModelSummary(config.name or path.name, _main_kind(header))
+
+
+def _main_kind(header: tuple[dict, dict] | None) -> str:
+    """The storage kind holding the most weight elements (norms are F32 in every file)."""
+    if header is None:
+        return ""
+    shapes, kinds = header
+    elements: Counter[str] = Counter()
+    for name, kind in kinds.items():
+        count = 1
+        for dim in shapes.get(name, ()):
+            count *= int(dim)
+        elements[str(kind)] += count
+    return elements.most_common(1)[0][0] if elements else ""
+
+
+# ---- recently opened models, kept in the data dir ---------------------------------------------
+def recent_models(data_dir: Path) -> list[Path]:
+    """Models opened before, newest first; a missing or damaged list is an empty one."""
+    try:
+        entries = json.loads((data_dir / RECENT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(entries, list):
+        return []
+    return [Path(e) for e in entries if isinstance(e, str)][:MAX_RECENT]
+
+
+def remember_model(data_dir: Path, model: str | os.PathLike) -> None:
+    """Put `model` first in the recent list (best effort: a read-only data dir keeps none)."""
+    path = str(Path(model).expanduser().absolute())
+    entries = [str(p) for p in recent_models(data_dir) if str(p) != path]
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / RECENT_FILE).write_text(
+            json.dumps([path, *entries][:MAX_RECENT], indent=1), encoding="utf-8"
+        )
+    except OSError:
+        pass
+
+
+def recent_gguf_files(data_dir: Path) -> list[FoundModel]:
+    """The recent list's GGUF files that still exist."""
+    found = []
+    for path in recent_models(data_dir):
+        try:
+            if path.suffix.lower() == ".gguf" and path.is_file():
+                found.append(FoundModel(path, path.stat().st_size, "Recent"))
+        except OSError:
+            continue
+    return found
+
+
+def discover(data_dir: Path, home: Path | None = None) -> list[FoundModel]:
+    """Recent models first, then the usual folders; each file once."""
+    recent = recent_gguf_files(data_dir)
+    known = {m.path.resolve() for m in recent}
+    scanned = [m for m in find_gguf_files(search_roots(home)) if m.path.resolve() not in known]
+    return recent + scanned

@@ -1,0 +1,127 @@
+"""The window on a small desktop and with the load generator open: nothing is crushed, cut or
+overlapping (issue: plots crushed to 15 px, a window that refused to be under 1106x721)."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QPoint, QRect
+
+from app.map_column import PLOT_MIN_HEIGHT
+
+SMALL = (1024, 700)  # a 1024x768 screen less a panel and the title bar
+DEFAULT = (1400, 860)
+
+
+def _settle(qtbot, window, size, load_panel_open):
+    window.loadgen_toggle.setChecked(load_panel_open)
+    qtbot.wait(50)  # let the splitters and pyqtgraph's layout settle
+
+    # A busy machine may deliver the layout's new minimum after the first resize: ask again
+    # until the window takes the size (a minimum really above it still fails, after 5 s).
+    def resized() -> bool:
+        window.resize(*size)
+        return window.size().toTuple() == size
+
+    qtbot.waitUntil(resized, timeout=5_000)
+    qtbot.wait(50)
+
+
+def _plot_rects(window):
+    plots = window.blockmap.plots
+    return [plots.mapFromScene(p.sceneBoundingRect()).boundingRect() for p in plots.plots]
+
+
+def test_the_window_fits_a_1024x700_screen_with_the_load_panel_closed_and_open(make_window, qtbot):
+    window = make_window()
+    qtbot.waitUntil(lambda: window.status.model_label.text() != "")
+    for shown in (False, True):
+        _settle(qtbot, window, SMALL, shown)
+        hint = window.minimumSizeHint()
+        assert hint.width() <= SMALL[0] and hint.height() <= SMALL[1], (shown, hint)
+        assert window.size().toTuple() == SMALL
+        # The long model line is elided, not what sets the window's width.
+        assert window.status.model_label.is_elided()
+
+
+def test_plots_keep_their_height_when_the_load_panel_opens(make_window, qtbot):
+    window = make_window()
+    _settle(qtbot, window, DEFAULT, False)
+    _settle(qtbot, window, DEFAULT, True)
+    assert window.map_column.loadgen_scroll.isVisible() and window.loadgen_panel.start.isVisible()
+    heights = [r.height() for r in _plot_rects(window)]
+    assert min(heights) >= PLOT_MIN_HEIGHT, heights
+    # The panel's pane is in the map column, below the map, not on top of it.
+    section = window.map_column.loadgen_section.geometry()
+    assert window.blockmap.geometry().bottom() < section.top()  # the handle between
+    # Closing gives the room back to the map.
+    _settle(qtbot, window, DEFAULT, False)
+    assert window.map_column.loadgen_section.height() == window.loadgen_toggle.height()
+    assert window.blockmap.height() > window.map_column.height() - 2 * section.height()
+
+
+def test_at_1024x700_the_status_bar_shows_and_plot_titles_do_not_overlap(make_window, qtbot):
+    window = make_window()
+    for shown in (False, True):
+        _settle(qtbot, window, SMALL, shown)
+        status = window.statusBar().geometry()
+        assert window.rect().contains(status), (shown, status)
+        assert status.height() >= window.status.state_label.sizeHint().height()
+        titles = [p.titleLabel for p in window.blockmap.plots.plots]
+        rects = [QRect(t.mapRectToScene(t.itemRect()).toAlignedRect()) for t in titles]
+        for i, a in enumerate(rects):
+            assert titles[i].text_fits(), titles[i].text
+            for b in rects[i + 1 :]:
+                assert not a.intersects(b), (shown, a, b)
+
+
+def test_the_load_panel_learns_the_engine_it_drives(make_window):
+    # Its lengths are capped by this engine's context and its preemption preset is sized to
+    # this pool, so it must hear of every engine the window gets.
+    window = make_window(max_model_len=256)
+    panel = window.loadgen_panel
+    assert panel.preset.isEnabled()
+    assert panel.prompt.high.maximum() <= window.engine_info.max_seq_len
+
+
+def test_the_chat_chips_and_the_state_key_never_overlap(make_window, qtbot):
+    from tests.test_blockmap import small_pool
+
+    window = make_window()
+    window.set_map_paused(True)  # the live pool would replace the chips fed here
+    panel = window.blockmap
+    title = "What are common misconceptions about volcanoes?"
+    panel.set_group_labels({"conv-1": title})
+    panel.update_view(small_pool(), None, {}, None)
+    legend, key = panel.legend, panel.key
+    for size in (SMALL, DEFAULT, (1600, 900)):
+        _settle(qtbot, window, size, False)
+        chips = legend.geometry().translated(legend.parentWidget().mapTo(window, QPoint()))
+        states = key.geometry().translated(key.parentWidget().mapTo(window, QPoint()))
+        assert not chips.intersects(states), (size, chips, states)
+        assert key.width() >= key.minimumSizeHint().width(), size  # no state words cut off
+        viewport = legend.viewport().rect()
+        for i in range(legend.count()):  # a short window may scroll a row, never cut a chip
+            chip = legend.visualItemRect(legend.item(i))
+            assert 0 <= chip.left() and chip.right() <= viewport.right(), (size, i, chip)
+        if size == DEFAULT:
+            first = legend.item(0)
+            assert legend.visualItemRect(first).width() >= 200  # ~30 characters, not 5
+            assert title in first.toolTip()  # the whole title, however much is elided
+            # Three chips fit one row: no empty second row under the maps.
+            assert legend.height() < 2 * legend.visualItemRect(first).height()
+            assert key.columns == 3
+        if size == SMALL:
+            assert key.columns == 2  # the short words keep the key to three rows
+
+
+def test_the_load_panel_is_two_short_columns_when_wide_and_one_when_narrow(make_window, qtbot):
+    window = make_window()
+    panel = window.loadgen_panel
+    _settle(qtbot, window, DEFAULT, True)
+    assert panel.prompt.y() == panel.users.y()  # side by side, so the maps keep their height
+    assert panel.start.y() == panel.stop.y()
+    assert window.blockmap.paged_map.height() >= 75, window.blockmap.paged_map.height()
+    _settle(qtbot, window, SMALL, True)
+    assert panel.prompt.y() > panel.preset.y()  # stacked: side by side they would be cut off
+    viewport = window.map_column.loadgen_scroll.viewport()
+    assert panel.width() <= viewport.width()
+    assert panel.output.geometry().right() <= panel.width()
