@@ -155,10 +155,13 @@ class ModelPicker(QGroupBox):
             if config.torch_device.type == "cpu":
                 budget = engine_settings.kv_budget_mib << 20
                 blocks = planner.predict_num_blocks(mc, config.block_size, kv_dtype, budget)
+                # Sliding-window layers hold only their window: a context costs fewer blocks.
+                per_context = planner.blocks_per_context(mc, config.block_size, context)
+                groups = planner.kv_layout_of(mc, config.block_size).num_groups
                 lines.append(
                     f"Planner: {engine_settings.kv_budget_mib} MiB holds {blocks:,} blocks of "
-                    f"{config.block_size} = {blocks * config.block_size:,} tokens "
-                    f"({blocks * config.block_size / context:.1f} full contexts of {context:,})"
+                    f"{config.block_size} = {blocks // groups * config.block_size:,} tokens "
+                    f"({blocks / per_context:.1f} full contexts of {context:,})"
                 )
                 lines.append(prediction_line(blocks, config.block_size, context))
             else:

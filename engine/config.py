@@ -97,8 +97,18 @@ class EngineConfig:
         "4-8x the memory); int8/int4: quantize a float checkpoint at load",
         QUANTIZATIONS,
     )
+    num_threads: int | None = knob(
+        None,
+        "CPU threads for the math (default: the physical cores less one, so a busy core "
+        "elsewhere cannot stall every op; engine/cpu_threads.py)",
+    )
     weights_quantized: bool = knob(
         False, "on a CPU, quantized weights run in bfloat16 (see torch_dtype)", user=False
+    )
+    # Engine-internal: False keeps every layer in one KV group whose blocks are never released
+    # (sliding layers still attend within their windows): the comparison `kvscope bench` draws.
+    release_window_blocks: bool = knob(
+        True, "sliding-window layers give back KV blocks that fell out of the window", user=False
     )
 
     def __post_init__(self) -> None:
@@ -136,6 +146,10 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(
+                f"num_threads must be >= 1 (or None for the default), got {self.num_threads}"
+            )
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"

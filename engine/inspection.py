@@ -37,6 +37,10 @@ def engine_stats(engine: LLMEngine) -> dict:
         "prefix_cache_hit_tokens": counters.prefix_hit_tokens,
         "prefix_cache_evictions": bm.num_evictions,
         "kv_cow_copies": bm.num_cow_copies,
+        # KV groups (engine.kv.layout): each one's window (None = full attention), and the
+        # blocks sliding windows gave back while their sequences ran.
+        "kv_group_windows": list(engine.kv_layout.windows),
+        "kv_blocks_released": counters.blocks_released,
         "max_model_len": engine.max_model_len,
         "num_steps": engine.num_steps,
         "allocator": engine.config.allocator,
@@ -45,6 +49,7 @@ def engine_stats(engine: LLMEngine) -> dict:
         "weight_format": engine.weight_format["format"],
         "weight_layout": engine.weight_format["layout"],
         "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "num_threads": engine.num_threads,
     }
 
 
@@ -56,7 +61,7 @@ def block_contents(engine: LLMEngine, block_id: int) -> dict:
     tel = engine.observers.telemetry
     bs = bm.block_size
     state = BlockState(int(tel.state[block_id]))
-    owners = [track.request_id for track in tel.seqs.values() if block_id in track.table]
+    owners = [track.request_id for track in tel.seqs.values() if block_id in track.held()]
     token_ids: list[int] = []
     owner = int(tel.owner[block_id])
     index = int(tel.logical_index[block_id])
@@ -77,6 +82,22 @@ def block_contents(engine: LLMEngine, block_id: int) -> dict:
         "token_ids": token_ids,
         "text": engine.tokenizer.decode(token_ids) if token_ids else "",
     }
+
+
+def block_hash(
+    engine: LLMEngine, block_id: int
+) -> tuple[int, int | None, tuple[int, ...], int] | None:
+    """(hash, parent hash, token ids, KV group) of a block holding a reusable prefix, else None.
+
+    What a KV-event consumer (vLLM's BlockStored) needs to name the block; cheap, no decoding."""
+    bm = engine.block_manager
+    if not 0 <= block_id < bm.num_blocks:
+        raise ValueError(f"block id {block_id} is outside the pool [0, {bm.num_blocks})")
+    blocks = getattr(bm, "blocks", None)  # only the paged allocator hashes blocks
+    if blocks is None or blocks[block_id].block_hash is None:
+        return None
+    block = blocks[block_id]
+    return block.block_hash, block.parent_hash, block.token_ids, getattr(block, "group", 0)
 
 
 def _live_sequence(engine: LLMEngine, seq_id: int) -> Sequence | None:

@@ -13,6 +13,7 @@ from jinja2.exceptions import TemplateError
 
 from engine import inspection
 from engine.config import EngineConfig
+from engine.cpu_threads import apply_num_threads
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv.allocator import KVAllocator
 from engine.kv.block_manager import BlockManager
@@ -21,7 +22,8 @@ from engine.kv.events import StepProgress
 from engine.kv.kv_cache import KVCache
 from engine.kv.observers import PoolObservers
 from engine.kv.snapshot import KVSnapshot
-from engine.memory_profile import size_kv_pool
+from engine.memory_profile import kv_layout, size_kv_pool
+from engine.model.chat_templates import missing_template_error
 from engine.model.kv_calibration import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
 from engine.model.sampler import Sampler, SampleResult, SamplingRow
@@ -39,6 +41,8 @@ PromptInput = str | list[int]
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
+        # Before the weights load: dequantizing and repacking them runs on these threads too.
+        self.num_threads = apply_num_threads(config.num_threads)
         loaded = loaded or load_model(config.model)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -54,6 +58,8 @@ class LLMEngine:
         device = config.torch_device
         self.model = build_model(config, loaded, self.max_model_len)
         num_blocks = size_kv_pool(config, mc, self.model)
+        # KV groups: sliding-window layers apart from full ones, so their blocks can go back.
+        self.kv_layout = kv_layout(config, mc)
         self.kv_cache = KVCache(
             mc.num_layers,
             num_blocks,
@@ -62,16 +68,24 @@ class LLMEngine:
             mc.head_dim,
             config.kv_torch_dtype,
             device,
+            self.kv_layout,
         )
         if self.kv_cache.is_fp8:
             ids = calibration_token_ids(self.tokenizer)
             calibrate_kv_scales(self.model, self.kv_cache, ids)
         # A sequence may not outgrow the pool: capping here is what keeps preemption deadlock-free.
-        self.max_seq_len = min(self.max_model_len, num_blocks * config.block_size)
+        # Sliding groups hold at most their window (plus a prefill chunk), not the whole context.
+        self.max_seq_len = self.kv_layout.max_tokens_for_blocks(
+            num_blocks, config.batched_tokens_limit, self.max_model_len
+        )
         # Every change to the pool goes through one event stream; snapshots, the contiguous
         # shadow, the counters stats() reports and recordings all follow it.
         self.observers = PoolObservers(
-            num_blocks, config.block_size, config.allocator, self.max_seq_len
+            num_blocks,
+            config.block_size,
+            config.allocator,
+            self.max_seq_len,
+            self.kv_layout.windows,
         )
         events = self.observers.events
         self.block_manager: KVAllocator
@@ -86,6 +100,7 @@ class LLMEngine:
                 enable_prefix_caching=config.enable_prefix_caching,
                 cache_salt=f"{loaded.source}|{config.kv_torch_dtype}".encode(),
                 events=events,
+                layout=self.kv_layout,
             )
         self.scheduler = Scheduler(
             self.block_manager, events, config.max_num_seqs, config.batched_tokens_limit
@@ -130,6 +145,8 @@ class LLMEngine:
         for m in messages:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"chat message {m!r} needs 'role' and 'content'")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise missing_template_error(self.model_config.architecture, self.model_source)
         try:
             return self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True
@@ -338,6 +355,18 @@ class LLMEngine:
     def block_contents(self, block_id: int) -> dict:
         """What one physical block holds: its token ids and their text, and who holds it."""
         return inspection.block_contents(self, block_id)
+
+    def block_hash(self, block_id: int) -> tuple[int, int | None, tuple[int, ...], int] | None:
+        """(hash, parent hash, token ids, KV group) of a block holding a reusable prefix."""
+        return inspection.block_hash(self, block_id)
+
+    def subscribe_kv_events(self, listener) -> None:
+        """Call listener(event) for every KV event from now on, in the engine's thread (the
+        kinds of engine.kv.events, tagged by `event.kind` as in the recording format)."""
+        self.observers.events.subscribe(listener)
+
+    def unsubscribe_kv_events(self, listener) -> None:
+        self.observers.events.unsubscribe(listener)
 
     def start_recording(self, path) -> None:
         """Write every KV event from now on to a JSON-lines file (replay with engine.kv.replay)."""

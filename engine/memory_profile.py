@@ -6,14 +6,26 @@ import torch
 
 from engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
 from engine.kv.kv_cache import KVCache
+from engine.kv.layout import KVLayout
 from engine.model.attention import AttentionMetadata
 from engine.model.llama import LlamaModel
 from engine.model.model_config import ModelConfig
 
 
+def kv_layout(config: EngineConfig, mc: ModelConfig) -> KVLayout:
+    """How the pool holds this model's layers: groups by window when the paged allocator
+    releases window blocks, one group otherwise (the naive allocator never releases)."""
+    release = config.allocator == "paged" and config.release_window_blocks
+    return KVLayout.for_windows(mc.layer_windows(), config.block_size, honour_windows=release)
+
+
 def bytes_per_block(config: EngineConfig, mc: ModelConfig) -> int:
     return KVCache.bytes_per_block(
-        mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.kv_torch_dtype
+        kv_layout(config, mc).group_size,
+        config.block_size,
+        mc.num_kv_heads,
+        mc.head_dim,
+        config.kv_torch_dtype,
     )
 
 

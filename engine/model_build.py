@@ -17,6 +17,7 @@ from engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
 from engine.device_memory import system_memory
 from engine.host_memory import lean_allocations
 from engine.memory_profile import bytes_per_block
+from engine.model.gemma3 import Gemma3Model
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel
 from engine.weight_plan import (
@@ -76,7 +77,8 @@ def build_model(config: EngineConfig, loaded: LoadedModel, max_position: int) ->
     device = config.torch_device
     try:
         with lean_allocations():
-            return LlamaModel(
+            model_class = Gemma3Model if loaded.config.architecture == "gemma3" else LlamaModel
+            return model_class(
                 loaded.config,
                 loaded.weights,
                 config.torch_dtype,

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+from engine.kv.layout import KVLayout
 from engine.model.model_config import ModelConfig
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -150,17 +151,38 @@ def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: ob
     return 2 * num_layers * num_kv_heads * head_dim * DTYPE_BYTES[dtype_name(dtype)]
 
 
+def kv_layout_of(mc: ModelConfig, block_size: int) -> KVLayout:
+    """The engine's KV layout for this model (paged allocator, windows honoured)."""
+    return KVLayout.for_windows(mc.layer_windows(), block_size)
+
+
 def predict_num_blocks(
     model: ModelConfig | object | str | os.PathLike | None,
     block_size: int,
     kv_dtype: object,
     kv_budget_bytes: int,
 ) -> int:
-    """Blocks the engine's pool gets for a KV byte budget (its `kv_cache_memory`)."""
+    """Blocks the engine's pool gets for a KV byte budget (its `kv_cache_memory`). A block
+    holds one KV group's layers (all of them for a model whose layers attend alike)."""
     mc = model_config(model)
     _check_positive("block_size", block_size)
-    per_block = block_size * bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
+    group_size = kv_layout_of(mc, block_size).group_size
+    per_block = block_size * bytes_per_token(group_size, mc.num_kv_heads, mc.head_dim, kv_dtype)
     return max(0, int(kv_budget_bytes)) // per_block
+
+
+def blocks_per_context(mc: ModelConfig, block_size: int, context: int) -> int:
+    """Blocks one sequence of `context` tokens holds while it decodes: every block of a full
+    layer group, a sliding group's only under its window (plus one for a window mid-block)."""
+    return kv_layout_of(mc, block_size).max_blocks_held(context, 1)
+
+
+def sequence_kv_bytes(mc: ModelConfig, context: int, kv_dtype: object) -> int:
+    """The exact K/V bytes of one sequence of `context` tokens: a sliding layer keeps its
+    window, a full one every token."""
+    per_layer_token = bytes_per_token(1, mc.num_kv_heads, mc.head_dim, kv_dtype)
+    tokens = sum(context if w is None else min(context, w) for w in mc.layer_windows())
+    return per_layer_token * tokens
 
 
 @dataclass(frozen=True)
@@ -176,7 +198,7 @@ class KVPlan:
     batch: int
     block_size: int
     bytes_per_token: int
-    bytes_per_sequence: int  # context x bytes_per_token: the exact tokens
+    bytes_per_sequence: int  # the exact K/V of one sequence (sliding layers: their window)
     batch_bytes: int
     bytes_per_block: int
     blocks_per_sequence: int  # ceil(context / block_size): a paged pool allocates whole blocks
@@ -195,6 +217,10 @@ class KVPlan:
     max_sequences_at_context: int | None
     fits: bool | None  # batch x blocks_per_sequence <= num_blocks; None without vram
     fits_to_load: bool | None  # weights + load peak <= vram x utilization; None without vram
+    # Sliding-window layers count at their window (bytes_per_sequence, blocks_per_sequence).
+    sliding_window: int | None = None
+    sliding_layers: int = 0
+    kv_groups: int = 1  # block tables per sequence (engine.kv.layout); a block holds one's layers
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -209,6 +235,17 @@ class KVPlan:
             ),
             ("KV dtype", f"{self.dtype} ({self.dtype_bytes} B)"),
             ("bytes per token", format_bytes(self.bytes_per_token)),
+            *(
+                [
+                    (
+                        "sliding layers",
+                        f"{self.sliding_layers} of {self.num_layers} keep a "
+                        f"{self.sliding_window:,}-token window ({self.kv_groups} KV groups)",
+                    )
+                ]
+                if self.sliding_layers
+                else []
+            ),
             (
                 "bytes per sequence",
                 f"{format_bytes(self.bytes_per_sequence)} at {self.context:,} tokens",
@@ -300,8 +337,20 @@ def plan_kv(
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     kv_dtype = dtype_name(dtype)
     per_token = bytes_per_token(num_layers, num_kv_heads, head_dim, kv_dtype)
-    per_block = per_token * block_size
-    blocks_per_seq = -(-context // block_size)
+    if mc is not None:
+        layout = kv_layout_of(mc, block_size)
+        windows = [w for w in mc.layer_windows() if w is not None]
+        per_block = block_size * bytes_per_token(
+            layout.group_size, num_kv_heads, head_dim, kv_dtype
+        )
+        blocks_per_seq = layout.max_blocks_held(context, 1)
+        per_sequence = sequence_kv_bytes(mc, context, kv_dtype)
+    else:
+        layout, windows = None, []
+        per_block = per_token * block_size
+        blocks_per_seq = -(-context // block_size)
+        per_sequence = per_token * context
+    num_groups = layout.num_groups if layout is not None else 1
 
     vram = None if vram_bytes is None else parse_bytes(vram_bytes)
     if vram is not None and vram < 1:
@@ -334,7 +383,8 @@ def plan_kv(
         raw = usable - (weights or 0)  # the engine's rounding
         budget, deficit = max(raw, 0), max(-raw, 0)
         num_blocks = budget // per_block
-        max_tokens = num_blocks * block_size
+        # Tokens every group can hold at once (a sliding group holds only its window of them).
+        max_tokens = num_blocks // num_groups * block_size
         max_seqs = num_blocks // blocks_per_seq
         fits = batch * blocks_per_seq <= num_blocks
 
@@ -350,8 +400,8 @@ def plan_kv(
         batch=batch,
         block_size=block_size,
         bytes_per_token=per_token,
-        bytes_per_sequence=per_token * context,
-        batch_bytes=per_token * context * batch,
+        bytes_per_sequence=per_sequence,
+        batch_bytes=per_sequence * batch,
         bytes_per_block=per_block,
         blocks_per_sequence=blocks_per_seq,
         batch_blocks=blocks_per_seq * batch,
@@ -369,6 +419,9 @@ def plan_kv(
         max_sequences_at_context=max_seqs,
         fits=fits,
         fits_to_load=fits_to_load,
+        sliding_window=max(windows) if windows else None,
+        sliding_layers=len(windows),
+        kv_groups=num_groups,
     )
 
 

@@ -2,7 +2,9 @@
 
 Every step, running sequences go first (decodes cost one token each, so they are never starved by a
 long prompt), then waiting ones are admitted while blocks, `max_num_seqs` and the token budget
-allow. Prompts longer than the remaining budget are prefilled in chunks over several steps. When
+allow. Prompts longer than the remaining budget are prefilled in chunks over several steps. A
+running sequence's sliding-window groups give back the blocks that fell out of the window before
+it grows (`release_outside_window`). When
 the pool runs dry the newest running sequence is preempted by recompute: its blocks are freed and
 it goes back to the front of the queue to be prefilled again later.
 
@@ -33,8 +35,10 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     # (src, dst) physical block copies to perform before the step: copy-on-write of shared blocks.
     block_copies: list[tuple[int, int]] = field(default_factory=list)
-    # seq_id -> its block table as scheduled: all the model runner needs of the allocator.
+    # seq_id -> its (group 0) block table as scheduled.
     block_tables: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # seq_id -> every KV group's table: all the model runner needs of the allocator.
+    group_tables: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -83,6 +87,9 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             target = seq.num_computed_tokens + num_new
+            # Sliding groups first give back what fell out of the window of this step's first
+            # token, so growth can reuse it.
+            bm.release_outside_window(seq.seq_id, seq.num_computed_tokens)
             # The engine caps every sequence at the pool's size, so this loop always ends: at
             # worst `seq` preempts itself and waits for the sequences scheduled before it.
             write_from = seq.num_computed_tokens
@@ -133,6 +140,7 @@ class Scheduler:
         batch = ScheduledBatch()
         for seq in seqs:
             write_from = seq.num_computed_tokens
+            self.allocator.release_outside_window(seq.seq_id, write_from)
             if not self.allocator.can_grow(seq.seq_id, seq.num_tokens, write_from):
                 raise NoFreeBlocksError(
                     f"no room for sequence {seq.seq_id}'s {seq.num_tokens} tokens"
@@ -182,7 +190,9 @@ class Scheduler:
 
     def _with_tables(self, batch: ScheduledBatch) -> ScheduledBatch:
         for seq, _ in batch.items:
-            batch.block_tables[seq.seq_id] = tuple(self.allocator.table(seq.seq_id))
+            tables = self.allocator.tables_of(seq.seq_id)
+            batch.group_tables[seq.seq_id] = tables
+            batch.block_tables[seq.seq_id] = tables[0]
         return batch
 
     def _newest_running(self, exclude: set[int]) -> Sequence:

@@ -86,15 +86,29 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None, b
 
 
 def paged_decode_attention(
-    q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=None, v_scale=None, backend="auto"
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    scale,
+    k_scale=None,
+    v_scale=None,
+    backend="auto",
+    sliding_window=None,
 ):
-    """One query token per sequence (q [B, Hq, D]) against its paged context -> [B, Hq, D]."""
+    """One query token per sequence (q [B, Hq, D]) against its paged context -> [B, Hq, D].
+
+    sliding_window W (None = full attention): the query at position p attends to keys
+    p - W < j <= p; table entries for blocks wholly before that are never read."""
     impl = (
         _triton("triton_decode").paged_decode_attention_triton
         if resolve_backend(backend, q) == "triton"
         else paged_decode_attention_torch
     )
-    return impl(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale)
+    return impl(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale, sliding_window
+    )
 
 
 def paged_prefill_attention(
@@ -108,16 +122,27 @@ def paged_prefill_attention(
     k_scale=None,
     v_scale=None,
     backend="auto",
+    sliding_window=None,
 ):
     """New tokens (q [T, Hq, D], sequences back to back) attending causally to their cached
-    prefix and themselves -> [T, Hq, D]; see `paged_prefill_attention_torch`."""
+    prefix and themselves -> [T, Hq, D]; see `paged_prefill_attention_torch`. sliding_window as
+    in `paged_decode_attention`."""
     impl = (
         _triton("triton_prefill").paged_prefill_attention_triton
         if resolve_backend(backend, q) == "triton"
         else paged_prefill_attention_torch
     )
     return impl(
-        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, k_scale, v_scale
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        scale,
+        k_scale,
+        v_scale,
+        sliding_window,
     )
 
 

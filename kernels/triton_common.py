@@ -7,7 +7,9 @@ block id -> slot), so any block size works with tiles big enough for `tl.dot`. B
 widened to int64 before they meet a stride: a pool of a few GiB overflows int32 element offsets.
 Softmax runs online in base 2 (`exp2`, so the launchers pass `scale * LOG2E`), float32
 throughout; fp8 caches are dequantized on load by folding the per-KV-head scale into the scores
-(K) and the output (V) rather than into every element.
+(K) and the output (V) rather than into every element. A sliding window W (query p sees keys
+p - W < j <= p) starts the walk at the first tile the window reaches, so blocks wholly before
+it are never read, and masks within.
 
 With TRITON_INTERPRET=1 set before this module is imported, the kernels run on CPU tensors in
 Triton's interpreter: that is how the tests check them on machines without a GPU.
@@ -25,6 +27,20 @@ from triton.runtime.interpreter import InterpretedFunction
 from kernels.torch_ref import kv_scale_per_head
 
 LOG2E = math.log2(math.e)
+# The window the kernels take for full attention: wider than any context, and small enough that
+# position arithmetic with it stays in int32.
+NO_WINDOW = 2**30
+
+
+def window_arg(sliding_window: int | None) -> int:
+    """A sliding window as the kernels take it (a runtime int; full attention is NO_WINDOW)."""
+    if sliding_window is None:
+        return NO_WINDOW
+    if not 1 <= sliding_window <= NO_WINDOW:
+        raise ValueError(
+            f"sliding_window must be in [1, {NO_WINDOW}] or None, got {sliding_window}"
+        )
+    return int(sliding_window)
 
 
 @triton.jit
@@ -76,8 +92,11 @@ def attend_kv_tile(
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # A row that has seen no visible key yet (a sliding window starts past this tile for it)
+    # keeps m = -inf; subtract 0 instead, or -inf - -inf would turn its sums into NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     v_off = block * stride_vcb + offset * stride_vcs + kv_head * stride_vch
     v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0)

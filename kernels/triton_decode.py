@@ -24,6 +24,7 @@ from kernels.triton_common import (
     gqa_group,
     last_dim_contiguous,
     scale_arg,
+    window_arg,
 )
 
 # Split-K: below this many context tokens one program per (sequence, KV head) is cheap enough
@@ -62,6 +63,7 @@ def _decode_kernel(
     block_size,
     group,
     partition_size,
+    window,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -72,7 +74,9 @@ def _decode_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     """Program (sequence b, KV head, split s): every query head of the KV head's group against
-    context tokens [s * partition_size, (s + 1) * partition_size) of sequence b.
+    context tokens [lo + s * partition_size, lo + (s + 1) * partition_size) of sequence b, where
+    lo = max(0, seq_len - window) is the first token its sliding window sees (0 without one):
+    blocks before it are never read.
 
     Without SPLIT the one partition is the whole context and the output is final; with SPLIT
     each program writes its normalized partial output and log2-sum-exp, which
@@ -82,7 +86,7 @@ def _decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    start = split * partition_size
+    start = tl.maximum(seq_len - window, 0) + split * partition_size
     end = tl.minimum(seq_len, start + partition_size)
 
     g = tl.arange(0, BLOCK_G)
@@ -154,6 +158,7 @@ def _decode_reduce_kernel(
     stride_ob,
     stride_oh,
     partition_size,
+    window,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -161,7 +166,7 @@ def _decode_reduce_kernel(
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
-    num_splits = tl.cdiv(seq_len, partition_size)
+    num_splits = tl.cdiv(seq_len - tl.maximum(seq_len - window, 0), partition_size)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     m = float("-inf")
@@ -221,18 +226,21 @@ def paged_decode_attention_triton(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """Like `paged_decode_attention_torch`; `num_splits` None picks split-K by heuristic.
 
-    The context bound comes from the block table's width (no device-to-host sync for max(seq_lens)).
+    The context bound comes from the block table's width (no device-to-host sync for max(seq_lens));
+    with a sliding window the span split-K partitions is at most the window.
     """
+    window = window_arg(sliding_window)
     batch, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     group = gqa_group(hq, hkv)
     q = last_dim_contiguous(q)
     block_n = 64 if q.element_size() <= 2 else 32
-    max_context = block_tables.shape[1] * block_size
+    max_context = min(block_tables.shape[1] * block_size, window)
     if num_splits is None:
         num_splits = decode_num_splits(batch, hkv, max_context, device_sm_count(q.device))
     partition = triton.cdiv(triton.cdiv(max_context, num_splits), block_n) * block_n
@@ -267,6 +275,7 @@ def paged_decode_attention_triton(
         block_size,
         group,
         partition,
+        window,
         HEAD_DIM=d,
         BLOCK_D=triton.next_power_of_2(d),
         BLOCK_G=max(16, triton.next_power_of_2(group)),
@@ -288,6 +297,7 @@ def paged_decode_attention_triton(
             out.stride(0),
             out.stride(1),
             partition,
+            window,
             HEAD_DIM=d,
             BLOCK_D=triton.next_power_of_2(d),
             num_warps=4,

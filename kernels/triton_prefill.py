@@ -21,6 +21,7 @@ from kernels.triton_common import (
     gqa_group,
     last_dim_contiguous,
     scale_arg,
+    window_arg,
 )
 
 
@@ -49,6 +50,7 @@ def _prefill_kernel(
     stride_oh,
     block_size,
     group,
+    window,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -60,7 +62,8 @@ def _prefill_kernel(
     """Program (sequence b, query head h, tile m): BLOCK_M of b's new tokens, which sit after a
     cached prefix of seq_len - n_new tokens, attend causally to everything up to themselves.
 
-    The walk over the block table stops at the tile's last query position (causal skip)."""
+    The walk over the block table stops at the tile's last query position (causal skip) and,
+    with a sliding window, starts at the first key the tile's first query sees (window skip)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     tile = tl.program_id(2)
@@ -90,11 +93,17 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     end = tl.minimum(seq_len, prefix + (tile + 1) * BLOCK_M)
-    for n0 in range(0, end, BLOCK_N):
+    lo = tl.maximum(prefix + tile * BLOCK_M - window + 1, 0)
+    for n0 in range(lo, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         valid = pos < end
-        # Every row sees key 0 (q_pos >= 0), so no row is all -inf after the first tile.
-        causal = valid[None, :] & (pos[None, :] <= q_pos[:, None])
+        # Every row sees its own key at the latest; rows that see nothing in an earlier tile
+        # (the window) are kept finite by attend_kv_tile.
+        causal = (
+            valid[None, :]
+            & (pos[None, :] <= q_pos[:, None])
+            & (pos[None, :] > q_pos[:, None] - window)
+        )
         acc, m_i, l_i = attend_kv_tile(
             q,
             acc,
@@ -121,7 +130,8 @@ def _prefill_kernel(
         )
 
     acc = fold_kv_scale(acc, v_scale_ptr, kv_head, HAS_V_SCALE)
-    out = acc / l_i[:, None]
+    # Padding rows (past n_new) may see no key at all under a window: 0 / 1, never stored.
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
         out_ptr + tokens[:, None] * stride_ot + h * stride_oh + d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -139,10 +149,12 @@ def paged_prefill_attention_triton(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Like `paged_prefill_attention_torch`. The grid's tile axis is sized for the longest
     possible sequence (every other one has >= 1 new token): programs past their sequence's
     tokens return at once, and no device-to-host sync is needed to size the launch."""
+    window = window_arg(sliding_window)
     num_tokens, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     group = gqa_group(hq, hkv)
@@ -174,6 +186,7 @@ def paged_prefill_attention_triton(
         out.stride(1),
         block_size,
         group,
+        window,
         HEAD_DIM=d,
         BLOCK_D=triton.next_power_of_2(d),
         BLOCK_M=block_m,

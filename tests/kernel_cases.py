@@ -35,8 +35,10 @@ def random_paged_kv(lens, hkv, d, block_size, num_blocks, seed=0):
     return (ks, vs, *scatter_cache(ks, vs, block_size, num_blocks, hkv, d, seed))
 
 
-def dense_attention(q, k, v, scale, causal_offset=None):
-    """float64 reference; q [n, Hq, D], k/v [L, Hkv, D]."""
+def dense_attention(q, k, v, scale, causal_offset=None, window=None):
+    """float64 reference; q [n, Hq, D], k/v [L, Hkv, D]. Query i sits at position
+    causal_offset + i (None: every query sees every key); with a window W it sees keys
+    p - W < j <= p only (a decode query is the last position, p = L - 1)."""
     q, k, v = q.double(), k.double(), v.double()
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
@@ -45,4 +47,9 @@ def dense_attention(q, k, v, scale, causal_offset=None):
     if causal_offset is not None:
         qpos = torch.arange(q.shape[0]).view(-1, 1) + causal_offset
         scores = scores.masked_fill(torch.arange(k.shape[0]).view(1, -1) > qpos, float("-inf"))
+    if window is not None:
+        offset = k.shape[0] - q.shape[0] if causal_offset is None else causal_offset
+        qpos = torch.arange(q.shape[0]).view(-1, 1) + offset
+        too_old = torch.arange(k.shape[0]).view(1, -1) <= qpos - window
+        scores = scores.masked_fill(too_old, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)

@@ -13,7 +13,7 @@ LLM_SIGNATURE = (
     "(model=None, device='auto', dtype='auto', kv_cache_dtype='auto', block_size=16, "
     "num_kv_blocks=None, kv_cache_memory=None, gpu_memory_utilization=0.9, max_model_len=None, "
     "max_num_seqs=64, max_num_batched_tokens=None, enable_prefix_caching=True, "
-    "allocator='paged', seed=0, quantization='auto')"
+    "allocator='paged', seed=0, quantization='auto', num_threads=None)"
 )
 
 
@@ -30,7 +30,7 @@ def test_llm_takes_every_user_knob_with_its_default():
 
 def test_the_engines_own_fields_are_no_llm_arguments():
     internal = [f.name for f in fields(EngineConfig) if not f.metadata[KNOB].user]
-    assert internal == ["weights_quantized"]
+    assert internal == ["weights_quantized", "release_window_blocks"]
     with pytest.raises(TypeError, match="weights_quantized"):
         LLM(weights_quantized=True)
 
@@ -40,7 +40,7 @@ def test_the_engines_own_fields_are_no_llm_arguments():
     [
         ((), {"blok_size": 8}, "unexpected keyword argument 'blok_size'"),
         ((None,), {"model": None}, "multiple values for argument 'model'"),
-        ((None,) * 16, {}, "too many positional arguments"),
+        ((None,) * (len(user_knobs()) + 1), {}, "too many positional arguments"),
     ],
 )
 def test_a_bad_llm_argument_is_a_type_error_naming_it(args, kwargs, match):

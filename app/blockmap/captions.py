@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.blockmap import colors
+from app.blockmap.kv_groups import groups_text
 from app.blockmap.metrics_strip import held_share, useful_share
 from engine.kv.snapshot import BlockState, KVSnapshot
 
@@ -40,11 +41,12 @@ def paged_caption(s: KVSnapshot) -> str:
     m = s.metrics
     # The engine itself may run the naive allocator (allocator="contiguous").
     name = "Paged pool" if s.allocator == "paged" else "Contiguous pool (engine)"
+    groups = groups_text(s)
     return (
         f"<b style='color:{colors.PAGED_HEX}'>{name}</b> · {s.num_blocks:,} blocks ×"
         f" {s.block_size} slots · held {_pct(held_share(m))} · useful"
         f" {_pct(useful_share(m))} · {m.blocks_shared:,} shared · {m.blocks_cached:,} cached"
-        f" · {m.num_waiting} waiting"
+        f" · {m.num_waiting} waiting" + (f"<br>{groups}" if groups else "")
     )
 
 

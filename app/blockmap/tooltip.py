@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from app.blockmap import colors
+from app.blockmap.kv_groups import group_name, has_windows
 from app.request_ids import LOAD_PREFIX, conversation_of_group, group_of
 from engine.kv.snapshot import BlockState, KVSnapshot
 
@@ -23,7 +24,11 @@ def block_owners(snapshot: KVSnapshot, block: int) -> list[tuple[str, int, int]]
     owners = []
     for s in snapshot.sequences:
         if block in s.block_table:
-            owners.append((s.request_id, s.seq_id, s.block_table.index(block)))
+            # With KV groups block_table lists every group's blocks; the logical index is the
+            # one in the block's own group table.
+            tables = s.group_tables or (s.block_table,)
+            index = next(t.index(block) for t in tables if block in t)
+            owners.append((s.request_id, s.seq_id, index))
         elif block in s.reserved_blocks:
             owners.append((s.request_id, s.seq_id, s.reserved_blocks.index(block)))
     return owners
@@ -94,6 +99,9 @@ def describe_block(
         lines.append(f"ref count: {ref}")
     if state == BlockState.USED:
         lines.append(f"filled: {int(snapshot.filled[block])} / {bs} slots")
+    group = int(snapshot.group[block]) if snapshot.group is not None else -1
+    if group >= 0 and has_windows(snapshot):
+        lines.append(f"layers: {escape(group_name(snapshot, group))}")
     if snapshot.has_hash[block]:
         reuse = "reusable by a later request" if state == BlockState.CACHED else "full block"
         lines.append(f"hashed prefix block ({reuse})")

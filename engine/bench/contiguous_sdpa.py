@@ -76,9 +76,16 @@ def _contiguous_attention(
     scale: float,
     k_scale: None = None,
     v_scale: None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """`paged_attention` over a contiguous cache: store this step's K/V at their positions, then
-    attend with SDPA. Tokens come row by row ([b0 t0, b0 t1, ..., b1 t0, ...]); -> [T, Hq, D]."""
+    attend with SDPA. Tokens come row by row ([b0 t0, b0 t1, ..., b1 t0, ...]); -> [T, Hq, D].
+    The baseline is for full-attention models (the GPU bench's Llama shapes): a window is refused
+    rather than silently ignored."""
+    if sliding_window is not None:
+        raise ValueError(
+            f"the contiguous SDPA baseline has no sliding window (layer window {sliding_window})"
+        )
     b, t, start = span.batch, span.tokens, span.start
     hq, hkv, d = q.shape[1], k.shape[1], k.shape[2]
     end = start + t

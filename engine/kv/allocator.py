@@ -12,6 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+# A table entry a sliding group has given back (it fell out of the window): never read.
+NULL_BLOCK = -1
+
 
 class NoFreeBlocksError(RuntimeError):
     """Raised when an allocation is attempted without checking capacity first."""
@@ -19,10 +22,23 @@ class NoFreeBlocksError(RuntimeError):
 
 @dataclass(frozen=True)
 class PrefixMatch:
-    """Cached blocks a new sequence can start with, and their prefix hashes."""
+    """Cached blocks a new sequence can start with, and their prefix hashes.
+
+    `block_ids` is group 0's table start; `groups`, when the allocator has several KV groups,
+    every group's (a sliding group's may start with NULL_BLOCK entries: blocks its window no
+    longer needs). All have the same length, the number of blocks matched."""
 
     block_ids: list[int]
     hashes: list[int]
+    groups: tuple[list[int], ...] = ()
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+    def group_ids(self, num_groups: int) -> tuple[list[int], ...]:
+        """Every group's matched blocks (one list shared by all when built without groups)."""
+        return self.groups or (self.block_ids,) * num_groups
 
 
 def check_pool_size(num_blocks: int) -> None:
@@ -36,6 +52,7 @@ class KVAllocator(Protocol):
     num_blocks: int
     block_size: int
     peak_used_blocks: int  # most blocks ever in use at once
+    num_groups: int  # KV groups (engine.kv.layout); each sequence has one table per group
 
     # ---- occupancy (what stats() reports) --------------------------------------------------
     @property
@@ -60,7 +77,11 @@ class KVAllocator(Protocol):
     def blocks_for_tokens(self, num_tokens: int) -> int: ...
 
     def table(self, seq_id: int) -> list[int]:
-        """The sequence's block table: physical block of each logical block (empty if none)."""
+        """The sequence's (group 0) block table: physical block of each logical block (empty
+        if none; NULL_BLOCK where a sliding group gave a block back)."""
+
+    def tables_of(self, seq_id: int) -> tuple[tuple[int, ...], ...]:
+        """Every group's block table of the sequence, by group."""
 
     def cached_block_tokens(self, block_id: int) -> tuple[int, ...] | None:
         """The tokens a hashed (prefix-cache) block holds, None for any other block."""
@@ -83,6 +104,10 @@ class KVAllocator(Protocol):
     ) -> list[tuple[int, int]]:
         """Room for `total_tokens`; returns the (src, dst) block copies the pool must perform
         first (copy-on-write of a shared block at `write_from`)."""
+
+    def release_outside_window(self, seq_id: int, next_position: int) -> list[int]:
+        """Give back the sliding groups' blocks wholly before the window of the token at
+        `next_position`; returns the blocks that became free (none without sliding groups)."""
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (ValueError where nothing can be shared)."""

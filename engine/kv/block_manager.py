@@ -4,11 +4,23 @@ Plain data, no tensors: the pool's tensors live in `kv_cache.KVCache`; this clas
 which physical block holds which sequence's tokens. Blocks are handed out one at a time as a
 sequence grows and come back when it finishes, is aborted or is preempted.
 
+KV groups (`engine.kv.layout`): a model whose layers differ (sliding-window and full attention)
+has several groups of layers, and a sequence has one block table per group, all drawing from one
+pool. Every table has the same logical length (one entry per `block_size` tokens); a sliding
+group's table gives back, while the sequence runs, the blocks wholly before the window of its
+next token (`release_outside_window`): their entries become NULL, always a prefix of the table.
+A model whose layers attend alike has one group, and everything below reads as it always did.
+
 Prefix caching: every full block gets a hash chained from its parent's hash and its token ids.
 A freed block keeps its hash ("cached") and can be adopted again by a later sequence with the same
 prefix, until the pool needs the space: plain free blocks are used first, then the least recently
 freed cached block is evicted. Both free lists are insertion-ordered dicts, so taking a block from
-the middle (a cache hit on a free block) and evicting the oldest are O(1).
+the middle (a cache hit on a free block) and evicting the oldest are O(1). Each group has its own
+hash map (a block holds one group's layers). A prefix hit of n blocks (L = n * block_size tokens)
+is valid when every group has what computing token L onward reads: a full group all n blocks, a
+sliding group of window W the blocks from (L - W + 1) // block_size to n - 1 (vLLM's sliding-window
+rule). A sliding group's block given back early is thus reused only where it is under the new
+sequence's window; the blocks before that start NULL in the new table.
 """
 
 from __future__ import annotations
@@ -20,17 +32,25 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch, check_pool_size
+from engine.kv.allocator import (
+    NULL_BLOCK,
+    KVAllocator,
+    NoFreeBlocksError,
+    PrefixMatch,
+    check_pool_size,
+)
 from engine.kv.events import (
     BlockCopiedOnWrite,
     BlockEvicted,
     BlocksAllocated,
     BlocksFreed,
     BlocksHashed,
+    BlocksReleased,
     EventLog,
     PrefixCacheHit,
     SequenceForked,
 )
+from engine.kv.layout import KVLayout
 
 
 @dataclass
@@ -42,6 +62,15 @@ class Block:
     # a hash collision can never serve KV of other tokens or of another position.
     token_ids: tuple[int, ...] | None = None
     parent_hash: int | None = None
+    group: int = 0  # the KV group whose layers it holds (while used or cached)
+
+
+def live_from(table: list[int]) -> int:
+    """The first entry of a table that is not NULL (its released prefix ends there)."""
+    start = 0
+    while start < len(table) and table[start] == NULL_BLOCK:
+        start += 1
+    return start
 
 
 class BlockManager(KVAllocator):
@@ -52,21 +81,31 @@ class BlockManager(KVAllocator):
         enable_prefix_caching: bool = False,
         cache_salt: bytes = b"",
         events: EventLog | None = None,
+        layout: KVLayout | None = None,
     ) -> None:
         check_pool_size(num_blocks)
+        if layout is not None and layout.block_size != block_size:
+            raise ValueError(f"layout block size {layout.block_size} is not {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # One full group unless a layout says otherwise (a block's layer count does not matter
+        # here; only which groups slide, and by how much).
+        self.layout = layout or KVLayout.single(1, block_size)
+        self.num_groups = self.layout.num_groups
+        self.windows = self.layout.windows
         # Anything that changes what K/V a token produces (model, KV dtype) goes into every hash.
         self.cache_salt = cache_salt
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free_plain: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._free_cached: OrderedDict[int, None] = OrderedDict()
-        self.hash_to_block: dict[int, int] = {}
-        self.tables: dict[int, list[int]] = {}
+        self._hash_maps: list[dict[int, int]] = [{} for _ in range(self.num_groups)]
+        # seq_id -> one table per group, each [physical block or NULL_BLOCK per logical block]
+        self.group_tables: dict[int, list[list[int]]] = {}
         self._hashes: dict[int, list[int]] = {}  # seq_id -> hashes of its full, computed blocks
         self._num_evictions = 0
         self._num_cow_copies = 0
+        self._num_released = 0
         self.peak_used_blocks = 0
         # Observers (KVSnapshot telemetry, the contiguous shadow, recorders) follow this stream;
         # a manager built alone (tests) gets a log of its own.
@@ -94,28 +133,57 @@ class BlockManager(KVAllocator):
     def num_cow_copies(self) -> int:
         return self._num_cow_copies
 
+    @property
+    def num_released_blocks(self) -> int:
+        """Blocks given back early (out of a sliding window), ever."""
+        return self._num_released
+
+    @property
+    def hash_to_block(self) -> dict[int, int]:
+        """Group 0's prefix hash -> block map (the only one for a single-group model)."""
+        return self._hash_maps[0]
+
+    @property
+    def tables(self) -> dict[int, list[int]]:
+        """seq_id -> its group 0 table (the only one for a single-group model)."""
+        return {s: t[0] for s, t in self.group_tables.items()}
+
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def table(self, seq_id: int) -> list[int]:
-        return self.tables.get(seq_id, [])
+        tables = self.group_tables.get(seq_id)
+        return tables[0] if tables else []
+
+    def tables_of(self, seq_id: int) -> tuple[tuple[int, ...], ...]:
+        tables = self.group_tables.get(seq_id)
+        if tables is None:
+            return ((),) * self.num_groups
+        return tuple(tuple(t) for t in tables)
 
     def cached_block_tokens(self, block_id: int) -> tuple[int, ...] | None:
         return self.blocks[block_id].token_ids
 
     def num_new_blocks_needed(self, seq_id: int, total_tokens: int) -> int:
-        """Blocks to add so that `seq_id` has slots for `total_tokens` tokens."""
-        return max(0, self.blocks_for_tokens(total_tokens) - len(self.table(seq_id)))
+        """Blocks to add, over all groups, so that `seq_id` has slots for `total_tokens`."""
+        length = len(self.table(seq_id))
+        return self.num_groups * max(0, self.blocks_for_tokens(total_tokens) - length)
 
-    def _needs_cow(self, seq_id: int, write_from: int | None) -> bool:
-        table = self.table(seq_id)
-        if write_from is None or write_from // self.block_size >= len(table):
-            return False
-        return self.blocks[table[write_from // self.block_size]].ref_count > 1
+    def _shared_at(self, seq_id: int, write_from: int | None) -> list[int]:
+        """Groups whose block at `write_from` is shared (a write there copies it first)."""
+        tables = self.group_tables.get(seq_id)
+        if write_from is None or not tables or write_from // self.block_size >= len(tables[0]):
+            return []
+        index = write_from // self.block_size
+        return [
+            g
+            for g, table in enumerate(tables)
+            if table[index] != NULL_BLOCK and self.blocks[table[index]].ref_count > 1
+        ]
 
     def can_grow(self, seq_id: int, total_tokens: int, write_from: int | None = None) -> bool:
         needed = self.num_new_blocks_needed(seq_id, total_tokens)
-        return needed + self._needs_cow(seq_id, write_from) <= self.num_free_blocks
+        return needed + len(self._shared_at(seq_id, write_from)) <= self.num_free_blocks
 
     # ---- prefix cache --------------------------------------------------------------------
     def hash_block(self, parent: int | None, token_ids: Sequence[int]) -> int:
@@ -124,49 +192,90 @@ class BlockManager(KVAllocator):
         h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
         return h.intdigest()
 
+    def _cached(self, group: int, h: int, tokens: tuple[int, ...], parent: int | None) -> int:
+        """The group's block holding exactly this prefix block, or NULL_BLOCK."""
+        block_id = self._hash_maps[group].get(h)
+        if block_id is None:
+            return NULL_BLOCK
+        block = self.blocks[block_id]
+        if block.token_ids != tokens or block.parent_hash != parent:
+            return NULL_BLOCK
+        return block_id
+
     def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
-        """The longest run of cached full blocks that starts `token_ids`.
+        """The longest cached prefix of `token_ids` that every group can resume from (see the
+        module docstring for the rule).
 
         At most (len - 1) // block_size blocks: the last token is always computed, so the
         request has logits to sample from and never writes into a shared cached block."""
-        match = PrefixMatch([], [])
         if not self.enable_prefix_caching:
-            return match
+            return PrefixMatch([], [])
         bs = self.block_size
+        hashes: list[int] = []
+        found: list[list[int]] = [[] for _ in range(self.num_groups)]
         parent = None
+        full = [g for g, w in enumerate(self.windows) if w is None]
         for i in range((len(token_ids) - 1) // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             h = self.hash_block(parent, tokens)
-            block_id = self.hash_to_block.get(h)
-            if block_id is None:
-                break
-            block = self.blocks[block_id]
-            if block.token_ids != tokens or block.parent_hash != parent:
-                break
-            match.block_ids.append(block_id)
-            match.hashes.append(h)
+            row = [self._cached(g, h, tokens, parent) for g in range(self.num_groups)]
+            if any(row[g] == NULL_BLOCK for g in full):
+                break  # a full group needs every block: no longer prefix can be valid
+            hashes.append(h)
+            for g, block_id in enumerate(row):
+                found[g].append(block_id)
+            # With only sliding groups a block missing everywhere does not end the search: the
+            # window of a longer prefix may lie wholly past it.
             parent = h
-        return match
+        n = len(hashes)
+        while n > 0 and not self._resumable(found, n):
+            n -= 1
+        groups = []
+        for g in range(self.num_groups):
+            first = self.layout.first_needed_block(g, n * bs)
+            groups.append([NULL_BLOCK] * first + found[g][first:n])
+        return PrefixMatch(groups[0], hashes[:n], tuple(groups))
+
+    def _resumable(self, found: list[list[int]], n: int) -> bool:
+        """Every group holds what computing on from block n reads."""
+        for g in range(self.num_groups):
+            first = self.layout.first_needed_block(g, n * self.block_size)
+            if any(b == NULL_BLOCK for b in found[g][first:n]):
+                return False
+        return True
 
     def can_adopt(self, match: PrefixMatch, total_tokens: int) -> bool:
         """Room for a new sequence that starts with `match` and needs `total_tokens` slots."""
-        revived = sum(self.blocks[b].ref_count == 0 for b in match.block_ids)
-        new = max(0, self.blocks_for_tokens(total_tokens) - len(match.block_ids))
+        revived = sum(
+            b != NULL_BLOCK and self.blocks[b].ref_count == 0
+            for table in match.group_ids(self.num_groups)
+            for b in table
+        )
+        n = match.num_blocks
+        new = self.num_groups * max(0, self.blocks_for_tokens(total_tokens) - n)
         return revived + new <= self.num_free_blocks
 
     def adopt(self, seq_id: int, match: PrefixMatch) -> None:
-        """Start `seq_id`'s table with the matched cached blocks (reviving free ones)."""
-        assert seq_id not in self.tables, f"sequence {seq_id} already has blocks"
-        for block_id in match.block_ids:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
-                del self._free_cached[block_id]
-            block.ref_count += 1
+        """Start `seq_id`'s tables with the matched cached blocks (reviving free ones)."""
+        assert seq_id not in self.group_tables, f"sequence {seq_id} already has blocks"
+        tables = [list(t) for t in match.group_ids(self.num_groups)]
+        for table in tables:
+            for block_id in table:
+                if block_id == NULL_BLOCK:
+                    continue
+                block = self.blocks[block_id]
+                if block.ref_count == 0:
+                    del self._free_cached[block_id]
+                block.ref_count += 1
         self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks)
-        self.tables[seq_id] = list(match.block_ids)
+        self.group_tables[seq_id] = tables
         self._hashes[seq_id] = list(match.hashes)
-        if match.block_ids:
-            self.events.emit(PrefixCacheHit, seq_id=seq_id, blocks=tuple(match.block_ids))
+        for g, table in enumerate(tables):
+            start = live_from(table)
+            if start < len(table):
+                self.events.emit(
+                    PrefixCacheHit, seq_id=seq_id, blocks=tuple(table[start:]), group=g, start=start
+                )
 
     def cache_full_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
         """Hash the sequence's blocks that became full of computed tokens since the last call."""
@@ -174,110 +283,172 @@ class BlockManager(KVAllocator):
             return
         bs = self.block_size
         hashes = self._hashes.setdefault(seq_id, [])
-        table = self.tables[seq_id]
+        tables = self.group_tables[seq_id]
         newly_hashed = []
         for i in range(len(hashes), num_computed // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             parent = hashes[-1] if hashes else None
             h = self.hash_block(parent, tokens)
             hashes.append(h)
-            block = self.blocks[table[i]]
-            # The first block to hold a prefix owns its hash; a twin computed concurrently by
-            # another sequence simply stays uncached.
-            if block.block_hash is None and h not in self.hash_to_block:
-                block.block_hash, block.token_ids, block.parent_hash = h, tokens, parent
-                self.hash_to_block[h] = block.block_id
-                newly_hashed.append(block.block_id)
+            for g, table in enumerate(tables):
+                if table[i] == NULL_BLOCK:
+                    continue  # already given back by its window
+                block = self.blocks[table[i]]
+                # The first block to hold a prefix owns its hash; a twin computed concurrently
+                # by another sequence simply stays uncached.
+                if block.block_hash is None and h not in self._hash_maps[g]:
+                    block.block_hash, block.token_ids, block.parent_hash = h, tokens, parent
+                    self._hash_maps[g][h] = block.block_id
+                    newly_hashed.append(block.block_id)
         if newly_hashed:
             self.events.emit(BlocksHashed, seq_id=seq_id, blocks=tuple(newly_hashed))
 
     # ---- mutations -----------------------------------------------------------------------
-    def _take_free_block(self) -> Block:
+    def _take_free_block(self, group: int) -> Block:
         self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks + 1)
         if self._free_plain:
             block_id, _ = self._free_plain.popitem(last=False)
-            return self.blocks[block_id]
-        block_id, _ = self._free_cached.popitem(last=False)  # least recently freed
-        block = self.blocks[block_id]
-        del self.hash_to_block[block.block_hash]
-        block.block_hash = block.token_ids = block.parent_hash = None
-        self._num_evictions += 1
-        self.events.emit(BlockEvicted, block=block_id)
+            block = self.blocks[block_id]
+        else:
+            block_id, _ = self._free_cached.popitem(last=False)  # least recently freed
+            block = self.blocks[block_id]
+            del self._hash_maps[block.group][block.block_hash]
+            block.block_hash = block.token_ids = block.parent_hash = None
+            self._num_evictions += 1
+            self.events.emit(BlockEvicted, block=block_id)
+        block.group = group
         return block
+
+    def _unref(self, block_id: int) -> bool:
+        """One table reference fewer; True when the block went back to a free list."""
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count:
+            return False
+        free_list = self._free_plain if block.block_hash is None else self._free_cached
+        free_list[block_id] = None
+        return True
 
     def grow(
         self, seq_id: int, total_tokens: int, write_from: int | None = None
     ) -> list[tuple[int, int]]:
-        """Give `seq_id` room for `total_tokens`; if the block at `write_from` is shared, swap in a
-        private copy first. Returns the (src, dst) block copies the pool must perform."""
+        """Give `seq_id` room for `total_tokens` in every group; if a block at `write_from` is
+        shared, swap in a private copy first. Returns the (src, dst) block copies the pool must
+        perform."""
         if not self.can_grow(seq_id, total_tokens, write_from):
             raise NoFreeBlocksError(
                 f"sequence {seq_id} needs {self.num_new_blocks_needed(seq_id, total_tokens)} "
                 f"blocks, only {self.num_free_blocks} free"
             )
-        table = self.tables.setdefault(seq_id, [])
+        shared = self._shared_at(seq_id, write_from)
+        tables = self.group_tables.setdefault(seq_id, [[] for _ in range(self.num_groups)])
+        needed = max(0, self.blocks_for_tokens(total_tokens) - len(tables[0]))
         copies = []
-        if self._needs_cow(seq_id, write_from):
+        for g in shared:
             index = write_from // self.block_size
-            shared = self.blocks[table[index]]
-            shared.ref_count -= 1
-            private = self._take_free_block()
+            src = tables[g][index]
+            self.blocks[src].ref_count -= 1
+            private = self._take_free_block(g)
             private.ref_count = 1
-            table[index] = private.block_id
-            copies.append((shared.block_id, private.block_id))
+            tables[g][index] = private.block_id
+            copies.append((src, private.block_id))
             self._num_cow_copies += 1
             self.events.emit(
                 BlockCopiedOnWrite,
                 seq_id=seq_id,
                 index=index,
-                src=shared.block_id,
+                src=src,
                 dst=private.block_id,
+                group=g,
             )
-        start = len(table)
-        for _ in range(self.num_new_blocks_needed(seq_id, total_tokens)):
-            block = self._take_free_block()
-            block.ref_count = 1
-            table.append(block.block_id)
-        if len(table) > start:
-            new = tuple(table[start:])
-            self.events.emit(BlocksAllocated, seq_id=seq_id, blocks=new, start=start)
+        for g, table in enumerate(tables):
+            start = len(table)
+            for _ in range(needed):
+                block = self._take_free_block(g)
+                block.ref_count = 1
+                table.append(block.block_id)
+            if needed:
+                new = tuple(table[start:])
+                self.events.emit(BlocksAllocated, seq_id=seq_id, blocks=new, start=start, group=g)
         return copies
+
+    def release_outside_window(self, seq_id: int, next_position: int) -> list[int]:
+        """Give back every sliding-group block wholly before the window of the token at
+        `next_position` (the sequence's next to compute); returns the blocks that became free.
+        Shared blocks only lose this sequence's reference."""
+        tables = self.group_tables.get(seq_id)
+        if not tables:
+            return []
+        freed = []
+        for g, table in enumerate(tables):
+            first = min(self.layout.first_needed_block(g, next_position), len(table))
+            start = live_from(table[:first])
+            if start >= first:
+                continue
+            released = tuple(table[start:first])
+            table[start:first] = [NULL_BLOCK] * (first - start)
+            self.events.emit(BlocksReleased, seq_id=seq_id, blocks=released, start=start, group=g)
+            self._num_released += len(released)
+            # The oldest first: a cached one among them is then the first evicted.
+            freed += [b for b in released if self._unref(b)]
+        return freed
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (ref counts up); copy-on-write later."""
-        assert child_id not in self.tables, f"sequence {child_id} already has blocks"
-        table = self.tables[parent_id]
-        for block_id in table:
-            self.blocks[block_id].ref_count += 1
-        self.tables[child_id] = list(table)
+        assert child_id not in self.group_tables, f"sequence {child_id} already has blocks"
+        tables = [list(t) for t in self.group_tables[parent_id]]
+        for table in tables:
+            for block_id in table:
+                if block_id != NULL_BLOCK:
+                    self.blocks[block_id].ref_count += 1
+        self.group_tables[child_id] = tables
         self._hashes[child_id] = list(self._hashes.get(parent_id, []))
-        self.events.emit(SequenceForked, seq_id=child_id, parent=parent_id, blocks=tuple(table))
+        for g, table in enumerate(tables):
+            start = live_from(table)
+            self.events.emit(
+                SequenceForked,
+                seq_id=child_id,
+                parent=parent_id,
+                blocks=tuple(table[start:]),
+                group=g,
+                start=start,
+            )
 
     def free(self, seq_id: int) -> list[int]:
-        """Drop the sequence's table; blocks whose ref count hits zero return to a free list."""
-        table = self.tables.pop(seq_id, [])
+        """Drop the sequence's tables; blocks whose ref count hits zero return to a free list."""
+        tables = self.group_tables.pop(seq_id, None) or []
         self._hashes.pop(seq_id, None)
-        if table:
-            self.events.emit(BlocksFreed, seq_id=seq_id, blocks=tuple(table))
         released = []
-        # Tail blocks first, so eviction takes a sequence's end before its shared start.
-        for block_id in reversed(table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                free_list = self._free_plain if block.block_hash is None else self._free_cached
-                free_list[block_id] = None
-                released.append(block_id)
+        for g, table in enumerate(tables):
+            start = live_from(table)
+            if start < len(table):
+                self.events.emit(
+                    BlocksFreed, seq_id=seq_id, blocks=tuple(table[start:]), group=g, start=start
+                )
+            # Tail blocks first, so eviction takes a sequence's end before its shared start.
+            released += [b for b in reversed(table[start:]) if self._unref(b)]
         return released
 
     # ---- invariants ----------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Raise AssertionError unless the bookkeeping is exact (tests call it after scenarios)."""
         refs = [0] * self.num_blocks
-        for seq_id, table in self.tables.items():
-            assert len(set(table)) == len(table), f"sequence {seq_id} maps a block twice: {table}"
-            for block_id in table:
-                refs[block_id] += 1
+        group_of = [-1] * self.num_blocks
+        for seq_id, tables in self.group_tables.items():
+            assert len(tables) == self.num_groups, f"sequence {seq_id} has {len(tables)} tables"
+            assert len({len(t) for t in tables}) == 1, f"sequence {seq_id}: tables differ in length"
+            for g, table in enumerate(tables):
+                start = live_from(table)
+                live = table[start:]
+                assert NULL_BLOCK not in live, f"sequence {seq_id} group {g}: a hole {table}"
+                assert start == 0 or self.windows[g] is not None, (
+                    f"sequence {seq_id}: full-attention group {g} released blocks"
+                )
+                assert len(set(live)) == len(live), f"sequence {seq_id} maps a block twice: {table}"
+                for block_id in live:
+                    refs[block_id] += 1
+                    assert group_of[block_id] in (-1, g), f"block {block_id} is in two groups"
+                    group_of[block_id] = g
         assert not self._free_plain.keys() & self._free_cached.keys(), "block on two free lists"
         for block in self.blocks:
             bid = block.block_id
@@ -288,12 +459,20 @@ class BlockManager(KVAllocator):
             assert in_free == (block.ref_count == 0), (
                 f"block {bid}: ref_count {block.ref_count}, in free list {in_free}"
             )
+            if block.ref_count:
+                assert block.group == group_of[bid], (
+                    f"block {bid} says group {block.group}, tables of group {group_of[bid]}"
+                )
             if bid in self._free_cached:
                 assert block.block_hash is not None, f"cached free block {bid} has no hash"
             if bid in self._free_plain:
                 assert block.block_hash is None, f"plain free block {bid} still has a hash"
             if block.block_hash is not None:
-                assert self.hash_to_block.get(block.block_hash) == bid, f"block {bid} hash unmapped"
-        for h, bid in self.hash_to_block.items():
-            assert self.blocks[bid].block_hash == h, f"hash map points {h} at block {bid}"
+                assert self._hash_maps[block.group].get(block.block_hash) == bid, (
+                    f"block {bid} hash unmapped"
+                )
+        for g, hash_map in enumerate(self._hash_maps):
+            for h, bid in hash_map.items():
+                assert self.blocks[bid].block_hash == h, f"hash map points {h} at block {bid}"
+                assert self.blocks[bid].group == g, f"group {g}'s hash map holds block {bid}"
         assert self.num_free_blocks + sum(r > 0 for r in refs) == self.num_blocks

@@ -77,8 +77,17 @@ class ContiguousBlockManager(KVAllocator):
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    num_groups = 1  # the naive baseline lays every model out as one group, never releasing
+
     def table(self, seq_id: int) -> list[int]:
         return self.tables.get(seq_id, [])
+
+    def tables_of(self, seq_id: int) -> tuple[tuple[int, ...], ...]:
+        return (tuple(self.table(seq_id)),)
+
+    def release_outside_window(self, seq_id: int, next_position: int) -> list[int]:
+        """Nothing: a reservation is held whole until the sequence ends."""
+        return []
 
     def cached_block_tokens(self, block_id: int) -> tuple[int, ...] | None:
         return None

@@ -6,7 +6,7 @@ so a misspelt kind is an import error, never a run-time surprise. The log stamps
 the engine step it belongs to and the wall time, and keeps only the most recent ones, so a long
 session cannot grow memory without bound.
 
-Session file format, version 2 (`FORMAT_VERSION`): UTF-8 JSON lines.
+Session file format, version 3 (`FORMAT_VERSION`; version 2 files still read): UTF-8 JSON lines.
 
 - Line 1, the header: an object `{"kvscope_events": 2, "num_blocks": int, "block_size": int,
   "allocator": "paged" | "contiguous", "max_seq_len": int, "model": str, "cached_blocks":
@@ -21,13 +21,15 @@ Session file format, version 2 (`FORMAT_VERSION`): UTF-8 JSON lines.
   sequence_admitted   seq_id, query_tokens, hit_tokens,      running; hit_tokens came from
                       first: bool                            the prefix cache
   blocks_reserved     seq_id, blocks                         a contiguous reservation
-  blocks_allocated    seq_id, blocks, start                  table[start:] = blocks
-  prefix_cache_hit    seq_id, blocks                         the table starts with blocks
+  blocks_allocated    seq_id, blocks, start, group           table[start:] = blocks
+  prefix_cache_hit    seq_id, blocks, group, start           table[start:] = cached blocks
   blocks_hashed       seq_id, blocks                         they now hold a cached prefix
   block_evicted       block                                  its cached prefix was dropped
-  block_copied        seq_id, index, src, dst                copy-on-write of table[index]
-  sequence_forked     seq_id, parent, blocks                 the child shares the parent's
-  blocks_freed        seq_id, blocks                         the table was dropped
+  block_copied        seq_id, index, src, dst, group         copy-on-write of table[index]
+  sequence_forked     seq_id, parent, blocks, group, start   the child shares the parent's
+  blocks_freed        seq_id, blocks, group, start           the table was dropped
+  blocks_released     seq_id, blocks, start, group           a sliding group's blocks out of
+                                                             the window went back (v3)
   sequence_preempted  seq_id                                 blocks taken back; waits again
   sequence_finished   seq_id, reason: str | null             done or aborted
   step_progress       lens: [[seq_id, num_tokens,            end of a step: how far each
@@ -35,6 +37,9 @@ Session file format, version 2 (`FORMAT_VERSION`): UTF-8 JSON lines.
 
 `read_events` checks the version and every line: a JSON object of a known kind with exactly its
 fields, each of its type; anything else is a ValueError naming the line and the problem.
+`group` names a KV group (`engine.kv.layout`; always 0 for a model whose layers attend alike);
+`start` the first logical block an event's `blocks` stand for (a sliding group's table holds
+nothing before its window). In version 2 files both are absent and 0.
 """
 
 from __future__ import annotations
@@ -44,11 +49,14 @@ import time
 import types
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar, get_args, get_type_hints
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+# Version 2 files (before KV groups) read the same: their events lack the fields that have a
+# default (group, start), which then take it.
+READABLE_VERSIONS = (2, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +99,16 @@ class BlocksAllocated(KVEvent):
     seq_id: int
     blocks: tuple[int, ...]
     start: int  # logical index of blocks[0] in the sequence's table
+    group: int = 0  # the KV group whose table this is (engine.kv.layout); absent in version 2
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixCacheHit(KVEvent):
     kind: ClassVar[str] = "prefix_cache_hit"
     seq_id: int
-    blocks: tuple[int, ...]  # the start of the sequence's table
+    blocks: tuple[int, ...]  # the sequence's table from `start` on
+    group: int = 0
+    start: int = 0  # a sliding group needs only the blocks under its window: none before
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +131,7 @@ class BlockCopiedOnWrite(KVEvent):
     index: int  # logical index in the sequence's table
     src: int
     dst: int
+    group: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +139,30 @@ class SequenceForked(KVEvent):
     kind: ClassVar[str] = "sequence_forked"
     seq_id: int  # the child
     parent: int
-    blocks: tuple[int, ...]
+    blocks: tuple[int, ...]  # the parent's table from `start` on (one event per group)
+    group: int = 0
+    start: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class BlocksFreed(KVEvent):
     kind: ClassVar[str] = "blocks_freed"
     seq_id: int
+    blocks: tuple[int, ...]  # the table from `start` on (what it still held)
+    group: int = 0
+    start: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksReleased(KVEvent):
+    """A sliding group's blocks that fell wholly out of the window of the sequence's next
+    token: table[start:start + len(blocks)] are given back while the sequence runs on."""
+
+    kind: ClassVar[str] = "blocks_released"
+    seq_id: int
     blocks: tuple[int, ...]
+    start: int
+    group: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +197,7 @@ EVENT_TYPES: dict[str, type[KVEvent]] = {
         BlockCopiedOnWrite,
         SequenceForked,
         BlocksFreed,
+        BlocksReleased,
         SequencePreempted,
         SequenceFinished,
         StepProgress,
@@ -230,6 +259,12 @@ _FIELD_TYPES: dict[type[KVEvent], dict[str, Any]] = {
 }
 
 
+# Fields a line may leave out (they came with format version 3 and have a default).
+_DEFAULTED: dict[type[KVEvent], set[str]] = {
+    cls: {f.name for f in fields(cls) if f.default is not MISSING} for cls in EVENT_TYPES.values()
+}
+
+
 def event_from_json(line: str) -> KVEvent:
     """Parse one event line; ValueError says what is wrong with it."""
     record = json.loads(line)
@@ -240,12 +275,17 @@ def event_from_json(line: str) -> KVEvent:
     if cls is None:
         raise ValueError(f"unknown KV event kind {kind!r}")
     types_ = _FIELD_TYPES[cls]
-    missing, extra = types_.keys() - record.keys(), record.keys() - types_.keys()
+    missing = types_.keys() - record.keys() - _DEFAULTED[cls]
+    extra = record.keys() - types_.keys()
     if missing:
         raise ValueError(f"{kind} event lacks fields {sorted(missing)}")
     if extra:
         raise ValueError(f"{kind} event has unknown fields {sorted(extra)}")
-    values = {name: _decode(record[name], hint, f"{kind}.{name}") for name, hint in types_.items()}
+    values = {
+        name: _decode(record[name], hint, f"{kind}.{name}")
+        for name, hint in types_.items()
+        if name in record
+    }
     return cls(**values)
 
 
@@ -311,10 +351,10 @@ def read_events(path: str | Path) -> tuple[dict, Iterator[KVEvent]]:
         raise ValueError(f"{path}:1: not a KVScope event file (bad header): {e}") from e
     if not isinstance(header, dict) or "kvscope_events" not in header:
         raise ValueError(f"{path}:1: not a KVScope event file (bad header)")
-    if header["kvscope_events"] != FORMAT_VERSION:
+    if header["kvscope_events"] not in READABLE_VERSIONS:
         raise ValueError(
             f"{path}:1: event format version {header['kvscope_events']!r}; "
-            f"this KVScope reads version {FORMAT_VERSION}"
+            f"this KVScope reads version {' or '.join(map(str, READABLE_VERSIONS))}"
         )
     return header, _parse_lines(path, lines)
 

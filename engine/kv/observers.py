@@ -17,17 +17,27 @@ from engine.kv.telemetry import PoolCounters, PoolTelemetry
 
 
 class PoolObservers:
-    def __init__(self, num_blocks: int, block_size: int, allocator: str, max_seq_len: int) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        allocator: str,
+        max_seq_len: int,
+        group_windows: tuple[int | None, ...] = (None,),
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.allocator = allocator
         self.max_seq_len = max_seq_len
+        self.group_windows = group_windows
         self.events = EventLog()
-        self.telemetry = PoolTelemetry(num_blocks, block_size, allocator)
+        self.telemetry = PoolTelemetry(num_blocks, block_size, allocator, group_windows)
         self.events.subscribe(self.telemetry)
         self.shadow: ContiguousShadow | None = None
         if allocator == "paged":
-            self.shadow = ContiguousShadow(num_blocks, block_size, max_seq_len)
+            self.shadow = ContiguousShadow(
+                num_blocks, block_size, max_seq_len, num_groups=len(group_windows)
+            )
             self.events.subscribe(self.shadow)
         self._recorder: EventRecorder | None = None
 
@@ -52,6 +62,9 @@ class PoolObservers:
             "max_seq_len": self.max_seq_len,
             "model": model,
             "cached_blocks": self.telemetry.has_hash.nonzero()[0].tolist(),
+            # Version 3: the KV groups' windows, and the group of each cached block.
+            "group_windows": list(self.group_windows),
+            "cached_groups": self.telemetry.group[self.telemetry.has_hash].tolist(),
             # Cumulative counters so far, so replayed metrics match the live ones exactly.
             "counters": dataclasses.asdict(self.counters),
         }

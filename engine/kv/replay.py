@@ -18,6 +18,7 @@ from engine.kv.telemetry import PoolCounters, PoolTelemetry
 # Far above any real pool (a 141 GiB GPU holds ~10^7 blocks of the smallest models).
 MAX_REPLAY_BLOCKS = 1 << 26
 ALLOCATORS = ("paged", "contiguous")
+MAX_REPLAY_GROUPS = 256  # KV groups: a model has at most as many as layers
 
 
 def replay_events(
@@ -36,19 +37,39 @@ def replay_events(
     allocator = header.get("allocator")
     if allocator not in ALLOCATORS:
         raise ValueError(f"{path}: header allocator {allocator!r} is not one of {ALLOCATORS}")
-    telemetry = PoolTelemetry(num_blocks, block_size, allocator)
+    windows = header.get("group_windows", [None])  # absent in version 2: one full group
+    if (
+        not isinstance(windows, list)
+        or not 1 <= len(windows) <= MAX_REPLAY_GROUPS
+        or not all(w is None or (_is_count(w) and w >= 1) for w in windows)
+    ):
+        raise ValueError(
+            f"{path}: header group_windows {windows!r} must list 1 to {MAX_REPLAY_GROUPS} "
+            "windows (ints >= 1, or null for full attention)"
+        )
+    telemetry = PoolTelemetry(num_blocks, block_size, allocator, tuple(windows))
     cached = header.get("cached_blocks", [])
     if not isinstance(cached, list) or not all(_is_count(b) and b < num_blocks for b in cached):
         raise ValueError(f"{path}: header cached_blocks must be block ids below {num_blocks}")
+    cached_groups = header.get("cached_groups", [0] * len(cached))
+    if (
+        not isinstance(cached_groups, list)
+        or len(cached_groups) != len(cached)
+        or not all(_is_count(g) and g < len(windows) for g in cached_groups)
+    ):
+        raise ValueError(
+            f"{path}: header cached_groups must give each cached block a group below {len(windows)}"
+        )
     telemetry.state[cached] = BlockState.CACHED
     telemetry.has_hash[cached] = True
+    telemetry.group[cached] = cached_groups
     telemetry.counters = _counters(path, header.get("counters", {}))
     shadow = None
     if with_shadow and allocator == "paged":
         max_seq_len = header.get("max_seq_len")
         if not _is_count(max_seq_len) or max_seq_len < 1:
             raise ValueError(f"{path}: header max_seq_len {max_seq_len!r} is not an int >= 1")
-        shadow = ContiguousShadow(num_blocks, block_size, max_seq_len)
+        shadow = ContiguousShadow(num_blocks, block_size, max_seq_len, num_groups=len(windows))
     for number, event in enumerate(events, start=1):
         try:
             telemetry(event)

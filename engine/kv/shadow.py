@@ -33,13 +33,22 @@ _NO_MATCH = PrefixMatch([], [])
 
 
 class ContiguousShadow:
-    def __init__(self, num_blocks: int, block_size: int, max_seq_len: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, max_seq_len: int, num_groups: int = 1
+    ) -> None:
         self.log = EventLog(capacity=1)  # the shadow's own events only feed its telemetry
         self.telemetry = PoolTelemetry(num_blocks, block_size, allocator="contiguous-shadow")
         self.log.subscribe(self.telemetry)
+        # A paged pool with KV groups holds `num_groups` blocks per block_size tokens (one per
+        # group); the naive scheme reserves every group for max_seq_len, so its reservation, and
+        # what a sequence fills of it, count num_groups slots per token.
+        self.slots_per_token = num_groups
         # A pool too small for even one reservation leaves every request waiting.
         self.bm = ContiguousBlockManager(
-            num_blocks, block_size, min(max_seq_len, num_blocks * block_size), self.log
+            num_blocks,
+            block_size,
+            min(max_seq_len * num_groups, num_blocks * block_size),
+            self.log,
         )
         self.capacity = self.bm.reservation_blocks * block_size
         self.queue: deque[int] = deque()
@@ -63,6 +72,8 @@ class ContiguousShadow:
             self._place_waiting()
 
     def _on_forked(self, e: SequenceForked) -> None:
+        if e.group:
+            return  # one event per KV group; the first places the child
         # No sharing in the naive scheme: a forked sample needs its own reservation.
         self.computed[e.seq_id] = self.computed.get(e.parent, 0)
         self._on_admitted(e)
@@ -74,7 +85,7 @@ class ContiguousShadow:
         lens = []
         for seq_id, num_tokens, num_computed in e.lens:
             # A preempted-and-recomputed sequence never lost its K/V here: keep the maximum.
-            computed = max(num_computed, self.computed.get(seq_id, 0))
+            computed = max(num_computed * self.slots_per_token, self.computed.get(seq_id, 0))
             computed = min(computed, self.capacity)  # an observer must never fail a step
             self.computed[seq_id] = computed
             if seq_id in self.placed:

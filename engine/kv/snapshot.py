@@ -29,8 +29,13 @@ class SequenceInfo:
     num_tokens: int  # prompt + generated so far
     num_computed_tokens: int  # tokens whose K/V are in the pool
     num_cached_tokens: int  # prompt tokens served from the prefix cache at admission
-    block_table: tuple[int, ...]  # physical block of each logical block
+    # The blocks the sequence holds: for a single full-attention group, its table (the physical
+    # block of each logical block); with KV groups, every group's live blocks in group order.
+    block_table: tuple[int, ...]
     reserved_blocks: tuple[int, ...] = ()  # contiguous allocator: the whole reservation
+    # With several KV groups or a sliding window: each group's table, -1 where a block fell
+    # out of the window and went back to the pool. Empty otherwise (block_table says it all).
+    group_tables: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,10 @@ class PoolMetrics:
     num_free_runs: int  # holes: separate runs of free blocks
     # Contiguous shadow only: sequences the paged engine runs that this allocator cannot place.
     num_would_wait: int = 0
+    # KV groups (engine.kv.layout): blocks each group's tables hold now, and the blocks sliding
+    # windows have given back while their sequences ran, ever.
+    group_blocks_used: tuple[int, ...] = ()
+    blocks_released: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -78,6 +87,10 @@ class KVSnapshot:
     has_hash: np.ndarray  # bool: holds a full, hashed prefix block
     sequences: tuple[SequenceInfo, ...]
     metrics: PoolMetrics
+    # int8 KV group of each used or cached block (-1 if none), and each group's window in
+    # tokens (None = full attention). One group (0) for a model whose layers attend alike.
+    group: np.ndarray | None = None
+    group_windows: tuple[int | None, ...] = (None,)
 
     def sequence(self, seq_id: int) -> SequenceInfo | None:
         return next((s for s in self.sequences if s.seq_id == seq_id), None)
@@ -93,8 +106,17 @@ class KVSnapshot:
             "logical_index",
             "has_hash",
         )
+        same_groups = self.group_windows == other.group_windows and (
+            (self.group is None and other.group is None)
+            or (
+                self.group is not None
+                and other.group is not None
+                and np.array_equal(self.group, other.group)
+            )
+        )
         return (
-            self.step == other.step
+            same_groups
+            and self.step == other.step
             and self.allocator == other.allocator
             and self.block_size == other.block_size
             and self.num_blocks == other.num_blocks

@@ -20,6 +20,7 @@ from engine.kv.events import (
     BlocksAllocated,
     BlocksFreed,
     BlocksHashed,
+    BlocksReleased,
     BlocksReserved,
     KVEvent,
     PrefixCacheHit,
@@ -32,6 +33,8 @@ from engine.kv.events import (
 )
 from engine.kv.snapshot import BlockState, KVSnapshot, PoolMetrics, SequenceInfo, free_runs
 
+NULL = -1  # a table entry a sliding group gave back (engine.kv.allocator.NULL_BLOCK)
+
 
 @dataclass
 class SequenceTrack:
@@ -42,9 +45,22 @@ class SequenceTrack:
     status: str = "waiting"
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
-    table: list[int] = field(default_factory=list)
+    # One table per KV group, NULL where a sliding group released the block.
+    tables: dict[int, list[int]] = field(default_factory=dict)
     reserved: tuple[int, ...] = ()
     finished_step: int | None = None
+
+    @property
+    def table(self) -> list[int]:
+        """Group 0's table (a single-group model's only one)."""
+        return self.tables.get(0, [])
+
+    def group_table(self, group: int) -> list[int]:
+        return self.tables.setdefault(group, [])
+
+    def held(self) -> tuple[int, ...]:
+        """Every block the sequence holds, group by group, in table order."""
+        return tuple(b for g in sorted(self.tables) for b in self.tables[g] if b != NULL)
 
     def info(self, seq_id: int) -> SequenceInfo:
         return SequenceInfo(
@@ -56,8 +72,11 @@ class SequenceTrack:
             num_tokens=self.num_tokens,
             num_computed_tokens=self.num_computed_tokens,
             num_cached_tokens=self.num_cached_tokens,
-            block_table=tuple(self.table),
+            block_table=self.held(),
             reserved_blocks=self.reserved,
+            group_tables=tuple(tuple(self.tables[g]) for g in sorted(self.tables))
+            if len(self.tables) > 1 or NULL in self.table
+            else (),
         )
 
 
@@ -69,13 +88,22 @@ class PoolCounters:
     num_preemptions: int = 0
     prefix_query_tokens: int = 0
     prefix_hit_tokens: int = 0
+    blocks_released: int = 0  # given back by sliding windows while their sequences ran
 
 
 class PoolTelemetry:
-    def __init__(self, num_blocks: int, block_size: int, allocator: str = "paged") -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        allocator: str = "paged",
+        group_windows: tuple[int | None, ...] = (None,),
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.allocator = allocator
+        self.group_windows = group_windows  # each KV group's window (None = full attention)
+        self.group = np.full(num_blocks, -1, dtype=np.int8)  # KV group of a used/cached block
         self.state = np.zeros(num_blocks, dtype=np.uint8)
         self.ref_count = np.zeros(num_blocks, dtype=np.int32)
         self.owner = np.full(num_blocks, -1, dtype=np.int64)
@@ -117,18 +145,20 @@ class PoolTelemetry:
         self.ref_count[blocks] = 1
         self.owner[blocks] = e.seq_id
         self.logical_index[blocks] = np.arange(e.start, e.start + len(blocks))
-        table = self.seqs[e.seq_id].table
+        self.group[blocks] = e.group
+        table = self.seqs[e.seq_id].group_table(e.group)
         del table[e.start :]
         table.extend(e.blocks)
 
     def _on_cache_hit(self, e: PrefixCacheHit) -> None:
-        for i, b in enumerate(e.blocks):
+        for i, b in enumerate(e.blocks, start=e.start):
             if self.ref_count[b] == 0:
                 self.state[b] = BlockState.USED
                 self.owner[b] = e.seq_id
                 self.logical_index[b] = i
+                self.group[b] = e.group
             self.ref_count[b] += 1
-        self.seqs[e.seq_id].table = list(e.blocks)
+        self.seqs[e.seq_id].tables[e.group] = [NULL] * e.start + list(e.blocks)
 
     def _on_hashed(self, e: BlocksHashed) -> None:
         self.has_hash[list(e.blocks)] = True
@@ -136,10 +166,11 @@ class PoolTelemetry:
     def _on_evicted(self, e: BlockEvicted) -> None:
         self.has_hash[e.block] = False
         self.state[e.block] = BlockState.FREE
+        self.group[e.block] = -1
 
     def _on_copied(self, e: BlockCopiedOnWrite) -> None:
         src, dst = e.src, e.dst
-        self.seqs[e.seq_id].table[e.index] = dst
+        self.seqs[e.seq_id].group_table(e.group)[e.index] = dst
         self.ref_count[src] -= 1
         if self.owner[src] == e.seq_id:
             self._reassign_owner(src, e.index, e.seq_id)
@@ -147,33 +178,47 @@ class PoolTelemetry:
         self.ref_count[dst] = 1
         self.owner[dst] = e.seq_id
         self.logical_index[dst] = e.index
+        self.group[dst] = e.group
 
     def _on_forked(self, e: SequenceForked) -> None:
         self.ref_count[list(e.blocks)] += 1
         child = self.seqs[e.seq_id]
         parent = self.seqs[e.parent]
-        child.table = list(e.blocks)
+        child.tables[e.group] = [NULL] * e.start + list(e.blocks)
         child.status = "running"
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
 
-    def _on_freed(self, e: BlocksFreed) -> None:
-        track = self.seqs[e.seq_id]
-        for i, b in enumerate(e.blocks):
+    def _drop(self, seq_id: int, blocks: tuple[int, ...], start: int) -> None:
+        """One reference fewer on each of `blocks` (table[start:...] of seq_id)."""
+        for i, b in enumerate(blocks, start=start):
             self.ref_count[b] -= 1
             if self.ref_count[b] == 0:
                 self.state[b] = BlockState.CACHED if self.has_hash[b] else BlockState.FREE
                 self.owner[b] = -1
                 self.logical_index[b] = -1
-            elif self.owner[b] == e.seq_id:
-                self._reassign_owner(b, i, e.seq_id)
+                if not self.has_hash[b]:
+                    self.group[b] = -1
+            elif self.owner[b] == seq_id:
+                self._reassign_owner(b, i, seq_id)
+
+    def _on_released(self, e: BlocksReleased) -> None:
+        table = self.seqs[e.seq_id].group_table(e.group)
+        table[e.start : e.start + len(e.blocks)] = [NULL] * len(e.blocks)
+        self.counters.blocks_released += len(e.blocks)
+        self._drop(e.seq_id, e.blocks, e.start)
+
+    def _on_freed(self, e: BlocksFreed) -> None:
+        track = self.seqs[e.seq_id]
+        # The table leaves first, so a shared block's next owner is found among the others.
+        track.tables.pop(e.group, None)
+        self._drop(e.seq_id, e.blocks, e.start)
         if track.reserved:
             rest = np.asarray(track.reserved[len(e.blocks) :], dtype=np.int64)
             self.state[rest] = BlockState.FREE
             self.owner[rest] = -1
             self.logical_index[rest] = -1
             track.reserved = ()
-        track.table = []
 
     def _on_preempted(self, e: SequencePreempted) -> None:
         track = self.seqs[e.seq_id]
@@ -209,16 +254,20 @@ class PoolTelemetry:
         BlockCopiedOnWrite: _on_copied,
         SequenceForked: _on_forked,
         BlocksFreed: _on_freed,
+        BlocksReleased: _on_released,
         SequencePreempted: _on_preempted,
         SequenceFinished: _on_finished,
         StepProgress: _on_progress,
     }
 
     def _reassign_owner(self, block: int, index: int, leaving: int) -> None:
-        # A shared block sits at the same logical index in every table holding it (prefix
-        # matches and forks both keep positions), so one probe per sequence finds the next owner.
+        # A shared block sits at the same logical index of the same group's table in every
+        # sequence holding it (prefix matches and forks both keep positions), so one probe per
+        # sequence finds the next owner.
+        group = int(self.group[block])
         for seq_id, track in self.seqs.items():
-            if seq_id != leaving and index < len(track.table) and track.table[index] == block:
+            table = track.tables.get(group, [])
+            if seq_id != leaving and index < len(table) and table[index] == block:
                 self.owner[block] = seq_id
                 return
         raise AssertionError(f"block {block} has ref count {self.ref_count[block]} but no holder")
@@ -232,11 +281,12 @@ class PoolTelemetry:
         tail_blocks: list[int] = []
         tail_fill: list[int] = []
         for track in self.seqs.values():
-            table = track.table
             computed = track.num_computed_tokens
-            for i in range(computed // bs, len(table)):
-                tail_blocks.append(table[i])
-                tail_fill.append(min(bs, max(0, computed - i * bs)))
+            for table in track.tables.values():
+                for i in range(computed // bs, len(table)):
+                    if table[i] != NULL:
+                        tail_blocks.append(table[i])
+                        tail_fill.append(min(bs, max(0, computed - i * bs)))
         if tail_blocks:
             # A block shared by several tables is partly filled identically in each (a shared
             # partial block exists only right after a fork); max() keeps that exact.
@@ -290,6 +340,11 @@ class PoolTelemetry:
             num_preemptions=counters.num_preemptions,
             largest_free_run=largest_run,
             num_free_runs=num_runs,
+            group_blocks_used=tuple(
+                int(np.count_nonzero((self.group == g) & (state == BlockState.USED)))
+                for g in range(len(self.group_windows))
+            ),
+            blocks_released=counters.blocks_released,
         )
         return KVSnapshot(
             step=self.step,
@@ -306,4 +361,6 @@ class PoolTelemetry:
             has_hash=self.has_hash.copy(),
             sequences=tuple(t.info(s) for s, t in self.seqs.items()),
             metrics=metrics,
+            group=self.group.copy(),
+            group_windows=self.group_windows,
         )

@@ -47,11 +47,14 @@ def paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Store this step's K/V into the pool, then attend through block tables. Returns [T, Hq, D].
 
-    k_scale / v_scale: an fp8 pool's per-KV-head scales for this layer (None otherwise). The
-    kernels run Triton on CUDA tensors and the torch reference elsewhere (backend "auto")."""
+    k_scale / v_scale: an fp8 pool's per-KV-head scales for this layer (None otherwise).
+    sliding_window: this layer's window W (None = full attention): position p sees keys
+    p - W < j <= p. The kernels run Triton on CUDA tensors and the torch reference elsewhere
+    (backend "auto")."""
     kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
     nd = meta.num_decode_tokens
     parts = []
@@ -66,6 +69,7 @@ def paged_attention(
                 scale,
                 k_scale,
                 v_scale,
+                sliding_window=sliding_window,
             )
         )
     if nd < q.shape[0]:
@@ -80,6 +84,7 @@ def paged_attention(
                 scale,
                 k_scale,
                 v_scale,
+                sliding_window=sliding_window,
             )
         )
     return parts[0] if len(parts) == 1 else torch.cat(parts)

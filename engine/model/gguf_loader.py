@@ -7,6 +7,8 @@ time, a few rows at a time, straight from the file's blocks (`engine.quant.gguf_
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,8 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from transformers import AutoTokenizer
 
+from engine.model import gemma3_config
+from engine.model.chat_templates import builtin_chat_template, ensure_chat_template
 from engine.model.config_limits import check_layer_count, check_sizes
 from engine.model.gguf_file import GGUFFile, GGUFTensor, read_gguf
 from engine.model.loader import LoadedModel, check_weights, turn_end_token_ids
@@ -34,7 +38,7 @@ from engine.weight_plan import ModelTooLargeError
 from kernels.quant_format import QuantizedTensor
 
 # llama.cpp writes Mistral checkpoints as "llama"; Qwen2/Qwen3 keep their own name.
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 # llama.cpp interleaves q/k rows for its rope layout only in the Llama converter.
 PERMUTED_QK_ARCHITECTURES = ("llama",)
 
@@ -56,13 +60,23 @@ BLOCK_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# Gemma 3 norms around both sublayers: llama.cpp's ffn_norm is the pre-MLP norm there.
+GEMMA3_BLOCK_NAMES = {
+    **BLOCK_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# llama.cpp's Gemma converters store every norm weight as 1 + w (HF keeps w); read back as w.
+NORM_SHIFTED_ARCHITECTURES = ("gemma3",)
 ROPE_FREQS = "rope_freqs.weight"
 # Rows decoded per step: bounds the numpy scratch of one conversion (~16 MiB of codes).
 CHUNK_ELEMENTS = 1 << 24
 _DENSE_NUMPY = {Q.F32: np.dtype("<f4"), Q.F16: np.dtype("<f2"), Q.BF16: np.dtype("<u2")}
 
 
-def load_gguf(path: Path) -> LoadedModel:
+def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> LoadedModel:
+    """`progress(line)` hears of the slow steps (a first tokenizer conversion) as they start."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file does not exist: {path}")
@@ -74,7 +88,8 @@ def load_gguf(path: Path) -> LoadedModel:
     row_orders = _rope_row_orders(gguf_file, arch) if arch in PERMUTED_QK_ARCHITECTURES else {}
     source = GGUFSource(gguf_file, row_orders)
     check_weights(config, source.shapes(), str(path))
-    tokenizer = _tokenizer(metadata, path)
+    tokenizer = _tokenizer(metadata, path, progress)
+    ensure_chat_template(tokenizer, arch)  # a built-in one for a known family without its own
     return LoadedModel(config, source, tokenizer, source=str(path), kind="gguf")
 
 
@@ -113,8 +128,10 @@ class GGUFSource:
     def __init__(self, gguf_file: GGUFFile, row_orders: dict[str, np.ndarray]) -> None:
         self.path = gguf_file.path
         self.row_orders = row_orders
+        arch = gguf_file.metadata.get("general.architecture")
+        self.norm_shift = arch in NORM_SHIFTED_ARCHITECTURES
         self.tensors: dict[str, GGUFTensor] = {
-            _hf_name(t.name, self.path): t for t in gguf_file.tensors if t.name != ROPE_FREQS
+            _hf_name(t.name, self.path, arch): t for t in gguf_file.tensors if t.name != ROPE_FREQS
         }
         self.file_bytes = self.path.stat().st_size
 
@@ -134,6 +151,8 @@ class GGUFSource:
                 tensor = torch.from_numpy(raw if order is None else raw[order])
                 if t.qtype == Q.BF16:
                     tensor = tensor.view(torch.bfloat16)
+                if self.norm_shift and name.endswith("norm.weight"):
+                    tensor = tensor.float() - 1.0  # as transformers' Gemma2TensorProcessor
                 return finish(tensor, name, quantization, dtype)
             return finish(self._quantized(f, t), name, quantization, dtype)
 
@@ -224,12 +243,13 @@ def _rope_row_orders(gguf_file: GGUFFile, arch: str) -> dict[str, np.ndarray]:
     return orders
 
 
-def _hf_name(gguf_name: str, path: Path) -> str:
+def _hf_name(gguf_name: str, path: Path, arch: str | None = None) -> str:
     parts = gguf_name.split(".")
+    block_names = GEMMA3_BLOCK_NAMES if arch == "gemma3" else BLOCK_NAMES
     if len(parts) == 2 and parts[0] in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[parts[0]]}.{parts[1]}"
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in block_names:
+        return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{parts[3]}"
     raise ValueError(f"{path}: tensor {gguf_name!r} has no place in a Llama-family model")
 
 
@@ -272,10 +292,9 @@ def _config(
         raise ValueError(f"{path}: partial rotary embeddings are not supported")
     rope_theta = float(meta("rope.freq_base", 10000.0))
     eos = metadata.get("tokenizer.ggml.eos_token_id")
-    turn_ends = turn_end_token_ids(
-        {t: i for i, t in enumerate(tokens)}, metadata.get("tokenizer.chat_template")
-    )
-    return ModelConfig(
+    template = metadata.get("tokenizer.chat_template") or builtin_chat_template(arch)
+    turn_ends = turn_end_token_ids({t: i for i, t in enumerate(tokens)}, template)
+    config = ModelConfig(
         architecture=arch,
         vocab_size=len(tokens),
         hidden_size=hidden,
@@ -296,6 +315,12 @@ def _config(
         eos_token_ids=tuple(dict.fromkeys(([eos] if eos is not None else []) + list(turn_ends))),
         name=path.name,
     )
+    if arch == "gemma3":
+        fields = gemma3_config.gguf_fields(
+            metadata, config.num_layers, hidden, heads, head_dim, path
+        )
+        return replace(config, **fields)
+    return config
 
 
 def _rope_scaling(
@@ -371,7 +396,12 @@ def _llama3_rope_divisors(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:
     )
 
 
-def _tokenizer(metadata: dict[str, Any], path: Path):
+def _tokenizer(metadata: dict[str, Any], path: Path, progress=None):
+    def announce() -> None:
+        if progress is not None:
+            count = len(metadata.get("tokenizer.ggml.tokens", []))
+            progress(f"Converting the tokenizer ({count:,} tokens; once per file)…")
+
     def convert():
         try:
             # Never a model's own code: a folder can carry an auto_map and a .py beside the file.
@@ -392,4 +422,7 @@ def _tokenizer(metadata: dict[str, Any], path: Path):
             tokenizer.chat_template = metadata.get("tokenizer.chat_template")
         return tokenizer
 
-    return cached_tokenizer(path, convert)
+    tokenizer = cached_tokenizer(path, convert, announce)
+    if progress is not None:
+        progress("Loading the model…")
+    return tokenizer

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from engine.model import gemma3_config
+from engine.model.chat_templates import ensure_chat_template
 from engine.model.config_limits import check_layer_count, check_sizes
 from engine.model.loader import LoadedModel, check_weights, turn_end_token_ids
-from engine.model.model_config import ModelConfig
+from engine.model.model_config import FULL, SLIDING, ModelConfig
 from engine.model.remote_code import refuse_remote_code
 from engine.model.weight_source import SafetensorsSource
 from engine.weight_plan import ModelTooLargeError
@@ -19,6 +22,7 @@ ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    gemma3_config.HF_ARCHITECTURE: "gemma3",
 }
 
 
@@ -29,6 +33,7 @@ def load_hf_folder(path: Path) -> LoadedModel:
     hf = _read_json(path / "config.json")
     arch = _architecture(hf, path)
     tokenizer = _tokenizer(path)
+    ensure_chat_template(tokenizer, arch)  # a built-in one for a known family without its own
     try:
         config = _config(hf, arch, _eos_ids(hf, path, tokenizer), path)
     except KeyError as e:
@@ -73,7 +78,8 @@ def _architecture(hf: dict, path: Path) -> str:
             f"{path}: architecture {name!r} is not supported "
             f"(supported: {', '.join(ARCHITECTURES)})"
         )
-    if hf.get("hidden_act", "silu") != "silu":
+    # Gemma's activation is checked by its own forward (engine/model/gemma3.py).
+    if ARCHITECTURES[name] != "gemma3" and hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"{path}: hidden_act {hf['hidden_act']!r} is not supported (only silu)")
     return ARCHITECTURES[name]
 
@@ -93,7 +99,7 @@ def _config(hf: dict, arch: str, eos_token_ids: tuple[int, ...], path: Path) -> 
     )
     check_sizes(source, head_dim=("head_dim", hf.get("head_dim") or hf["hidden_size"] // heads))
     rope_theta, rope_scaling = _rope(hf)
-    return ModelConfig(
+    config = ModelConfig(
         architecture=arch,
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
@@ -104,7 +110,7 @@ def _config(hf: dict, arch: str, eos_token_ids: tuple[int, ...], path: Path) -> 
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_theta=rope_theta,
-        max_position_embeddings=_attention_span(hf, arch),
+        max_position_embeddings=hf["max_position_embeddings"],
         tie_word_embeddings=hf.get("tie_word_embeddings", False),
         rope_scaling=rope_scaling,
         # Qwen2 always has q/k/v biases; its config has no switch for them.
@@ -113,7 +119,11 @@ def _config(hf: dict, arch: str, eos_token_ids: tuple[int, ...], path: Path) -> 
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=eos_token_ids,
         name=path.name,
+        **_sliding(hf, arch),
     )
+    if arch == "gemma3":  # its own ropes per layer kind, post-norms, scales and window pattern
+        return replace(config, **gemma3_config.hf_fields(hf, source))
+    return config
 
 
 def _rope(hf: dict) -> tuple[float, dict | None]:
@@ -124,12 +134,23 @@ def _rope(hf: dict) -> tuple[float, dict | None]:
     return theta, None if rope_type == "default" else {"rope_type": rope_type, **params}
 
 
-def _attention_span(hf: dict, arch: str) -> int:
-    """Max positions; capped at a sliding window, within which full attention is exact."""
+def _sliding(hf: dict, arch: str) -> dict:
+    """sliding_window and layer_types for the Llama-family configs that slide: Mistral whenever
+    a window is set (every layer); Qwen2 only with use_sliding_window, and then only the layers
+    from max_window_layers on (HF's rule), unless config.json lists layer_types itself. The
+    window is honoured by the kernels, not used to cap the context."""
     window = hf.get("sliding_window")
-    # Mistral slides whenever a window is set; Qwen only with use_sliding_window.
-    slides = window is not None and (arch == "mistral" or hf.get("use_sliding_window", False))
-    return min(hf["max_position_embeddings"], window) if slides else hf["max_position_embeddings"]
+    if arch == "mistral" and window:
+        return {"sliding_window": int(window)}
+    if arch == "qwen2" and window and hf.get("use_sliding_window", False):
+        n = hf["num_hidden_layers"]
+        types = hf.get("layer_types") or [
+            SLIDING if i >= hf.get("max_window_layers", 28) else FULL for i in range(n)
+        ]
+        if SLIDING not in types:
+            return {}
+        return {"sliding_window": int(window), "layer_types": tuple(types)}
+    return {}
 
 
 def _ids(value: int | list[int] | None) -> list[int]:

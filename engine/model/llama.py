@@ -11,6 +11,7 @@ build never holds more than the finished layers plus one layer in flight.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -31,6 +32,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
+
+
+def layer_index(prefix: str) -> int:
+    """The layer number in a tensor prefix such as "model.layers.7"."""
+    return int(prefix.rsplit(".", 1)[-1])
 
 
 class DecoderLayer:
@@ -55,9 +61,19 @@ class DecoderLayer:
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
+        self.sliding_window = cfg.layer_window(layer_index(prefix))
 
     def projections(self) -> list[Linear | SplitLinear]:
         return [self.qkv, self.o_proj, self.gate_up, self.down]
+
+    def vectors(self) -> list[torch.Tensor]:
+        """The layer's norm weights (what weight_bytes counts besides the projections)."""
+        norms = (self.input_norm, self.post_norm, self.q_norm, self.k_norm)
+        return [t for t in norms if t is not None]
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The family's RMSNorm (Gemma's differs: engine/model/gemma3.py)."""
+        return rms_norm(x, weight, self.cfg.rms_norm_eps)
 
     def __call__(
         self,
@@ -68,23 +84,45 @@ class DecoderLayer:
         meta: AttentionMetadata,
         kv_scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
     ) -> torch.Tensor:
+        x = self.norm(h, self.input_norm)
+        h = h + self.o_proj(self.attend(x, rope, k_cache, v_cache, meta, kv_scales))
+        x = self.norm(h, self.post_norm)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return h + self.down(F.silu(gate) * up)
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_scales: tuple[torch.Tensor | None, torch.Tensor | None],
+    ) -> torch.Tensor:
+        """Normed input -> attention output before o_proj, [T, Hq * D] (shared with Gemma)."""
         cfg = self.cfg
-        t = h.shape[0]
-        x = rms_norm(h, self.input_norm, cfg.rms_norm_eps)
+        t = x.shape[0]
         qkv = self.qkv(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, cfg.num_heads, cfg.head_dim)
         k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, cfg.rms_norm_eps)
-            k = rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+            q = self.norm(q, self.q_norm)
+            k = self.norm(k, self.k_norm)
         q, k = apply_rotary(q, k, *rope)
-        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, *kv_scales)
-        h = h + self.o_proj(attn.reshape(t, self.q_size))
-        x = rms_norm(h, self.post_norm, cfg.rms_norm_eps)
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return h + self.down(F.silu(gate) * up)
+        attn = paged_attention(
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            meta,
+            self.scale,
+            *kv_scales,
+            sliding_window=self.sliding_window,
+        )
+        return attn.reshape(t, self.q_size)
 
 
 class _Reader:
@@ -148,6 +186,10 @@ def _matrix_order(cfg: ModelConfig) -> list[str]:
 
 
 class LlamaModel:
+    # Subclasses for other families (engine/model/gemma3.py) swap the layer and override the
+    # hooks below (embed_tokens, step_rotary, final_norm); the layer loop stays this one.
+    layer_class = DecoderLayer
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -162,7 +204,7 @@ class LlamaModel:
         try:
             self.embed = Embedding(read.raw("model.embed_tokens.weight"), device, dtype)
             self.layers = [
-                DecoderLayer(cfg, read, f"model.layers.{i}") for i in range(cfg.num_layers)
+                self.layer_class(cfg, read, f"model.layers.{i}") for i in range(cfg.num_layers)
             ]
             self.norm = read("model.norm.weight", "vector")
             if cfg.tie_word_embeddings:
@@ -183,14 +225,31 @@ class LlamaModel:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_cache: KVCache,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | Sequence[AttentionMetadata],
     ) -> torch.Tensor:
-        """Hidden states after the final norm, [T, hidden]."""
-        h = self.embed(input_ids)
-        rope = self.rope.cos_sin(positions)  # once per step, shared by every layer
+        """Hidden states after the final norm, [T, hidden].
+
+        `meta`: one AttentionMetadata for every layer, or one per KV group of the cache's
+        layout (each group has its own block tables and slots); layer i uses its group's."""
+        # A list/tuple is per group; anything else serves every layer (AttentionMetadata, or the
+        # contiguous baseline's span in engine/bench/contiguous_sdpa.py).
+        metas = tuple(meta) if isinstance(meta, (list, tuple)) else (meta,)
+        h = self.embed_tokens(input_ids)
+        ropes = self.step_rotary(positions)  # once per step, one (cos, sin) per layer
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
-            h = layer(h, rope, k_cache, v_cache, meta, kv_cache.layer_scales(i))
+            layer_meta = metas[kv_cache.group_of(i)] if len(metas) > 1 else metas[0]
+            h = layer(h, ropes[i], k_cache, v_cache, layer_meta, kv_cache.layer_scales(i))
+        return self.final_norm(h)
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(input_ids)
+
+    def step_rotary(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """cos/sin for this step's positions, per layer; every Llama layer shares one table."""
+        return [self.rope.cos_sin(positions)] * len(self.layers)
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         return rms_norm(h, self.norm, self.cfg.rms_norm_eps)
 
     @torch.inference_mode()
@@ -206,8 +265,7 @@ class LlamaModel:
             total += head.nbytes
         for layer in self.layers:
             total += sum(p.nbytes for p in layer.projections())
-            vectors = (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm)
-            total += sum(t.numel() * t.element_size() for t in vectors if t is not None)
+            total += sum(t.numel() * t.element_size() for t in layer.vectors())
         return total
 
     def weight_format(self) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,7 +19,7 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Chat templates end a turn with one of these; generation must stop there even when the file's
 # own eos token is a different one (e.g. <|end_of_text|> in Llama 3 files).
-TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>")
+TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
 
 
 @dataclass
@@ -71,15 +72,20 @@ def default_model_path() -> Path:
     return path
 
 
-def load_model(model: str | os.PathLike | None = None) -> LoadedModel:
-    """None -> bundled GGUF; a .gguf file; an HF folder (config.json); a folder with one .gguf."""
+def load_model(
+    model: str | os.PathLike | None = None, progress: Callable[[str], None] | None = None
+) -> LoadedModel:
+    """None -> bundled GGUF; a .gguf file; an HF folder (config.json); a folder with one .gguf.
+
+    `progress(line)`, if given, is told when a slow step starts (a GGUF tokenizer's first
+    conversion), so a caller such as the app can show it."""
     # Imported here because both loaders import LoadedModel from this module.
 
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {path}")
     try:
-        return _load(path)
+        return _load(path, progress)
     except MemoryError as e:  # a huge vocabulary or header on a full machine: not a bad file
         from engine.weight_plan import ModelTooLargeError
 
@@ -88,7 +94,7 @@ def load_model(model: str | os.PathLike | None = None) -> LoadedModel:
         ) from e
 
 
-def _load(path: Path) -> LoadedModel:
+def _load(path: Path, progress: Callable[[str], None] | None = None) -> LoadedModel:
     from engine.model.gguf_loader import load_gguf
     from engine.model.hf_loader import load_hf_folder
 
@@ -97,13 +103,13 @@ def _load(path: Path) -> LoadedModel:
             return load_hf_folder(path)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return load_gguf(ggufs[0])
+            return load_gguf(ggufs[0], progress)
         raise ValueError(
             f"{path} is not a model folder: it has no config.json and {len(ggufs)} .gguf files "
             "(expected an HF folder or exactly one .gguf)"
         )
     if path.suffix.lower() == ".gguf":
-        return load_gguf(path)
+        return load_gguf(path, progress)
     raise ValueError(f"{path} is neither a .gguf file nor a model folder")
 
 
@@ -144,6 +150,11 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             }
         if config.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+        if config.architecture == "gemma3":  # norms around the MLP too
+            shapes |= {
+                p + "pre_feedforward_layernorm.weight": (h,),
+                p + "post_feedforward_layernorm.weight": (h,),
+            }
     return shapes
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import platformdirs
 import transformers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +45,15 @@ def cache_key(gguf_path: Path) -> str:
 
 
 def cached_tokenizer(
-    gguf_path: Path, convert: Callable[[], PreTrainedTokenizerBase]
+    gguf_path: Path,
+    convert: Callable[[], PreTrainedTokenizerBase],
+    on_convert: Callable[[], None] | None = None,
 ) -> PreTrainedTokenizerBase:
-    """The cached tokenizer for `gguf_path`, or `convert()`'s result, which is then cached."""
+    """The cached tokenizer for `gguf_path`, or `convert()`'s result, which is then cached.
+
+    `on_convert` is called just before a conversion (a cache miss): the slow step a caller may
+    want to announce (Gemma 3's 262k tokens take transformers 30 s or more; the cached copy a
+    few seconds)."""
     entry = cache_root() / cache_key(gguf_path)
     if entry.exists():
         try:
@@ -55,6 +61,8 @@ def cached_tokenizer(
         except Exception as e:  # any damage (bad JSON, missing files): rebuild, never fail a load
             logger.warning("tokenizer cache entry %s is unreadable (%s); rebuilding it", entry, e)
             shutil.rmtree(entry, ignore_errors=True)
+    if on_convert is not None:
+        on_convert()
     tokenizer = convert()
     _store(tokenizer, entry)
     return tokenizer
@@ -65,7 +73,10 @@ def _load(entry: Path) -> PreTrainedTokenizerBase:
     missing = [name for name in files if not (entry / name).is_file()]
     if missing:
         raise FileNotFoundError(f"missing {missing}")
-    return AutoTokenizer.from_pretrained(str(entry), trust_remote_code=False)
+    # The generic fast class, not the one tokenizer_config.json names: in transformers 5 a
+    # family class (GemmaTokenizer) rebuilds its pipeline from its own defaults instead of
+    # reading tokenizer.json's, so a GGUF converted with another pipeline came back different.
+    return PreTrainedTokenizerFast.from_pretrained(str(entry), trust_remote_code=False)
 
 
 def _store(tokenizer: PreTrainedTokenizerBase, entry: Path) -> None:
