@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 
 from app.theme import THEMES
 from engine.config import EngineConfig, knob_of, user_knobs
+from engine.cpu_threads import default_num_threads, usable_cpus
 
 OVERFLOW_POLICIES = {
     "stop": "Stop with a message",
@@ -67,6 +68,7 @@ class EngineSettings:
     enable_prefix_caching: bool = True
     allocator: str = "paged"
     quantization: str = "auto"  # auto: keep a GGUF's own; none; int8/int4 at load
+    num_threads: int | None = None  # None: the engine's default (physical cores less one)
 
     def engine_config(self) -> EngineConfig:
         """The EngineConfig these settings build; raises ValueError on a bad knob."""
@@ -210,6 +212,9 @@ class SettingsDialog(QDialog):
         self.prefix = QCheckBox("reuse cached prompt prefixes", checked=es.enable_prefix_caching)
         self.allocator = _combo(knob_of("allocator").choices, es.allocator)
         self.quantization = _combo(knob_of("quantization").choices, es.quantization)
+        self.threads = QSpinBox(minimum=0, maximum=len(usable_cpus()))
+        self.threads.setValue(es.num_threads or 0)
+        self.threads.setSpecialValueText(f"automatic ({default_num_threads()})")  # 0: None
         # EngineSettings field -> its row's label and widget, in the form's order.
         self._engine_rows = {
             "device": ("Device", self.device),
@@ -223,6 +228,7 @@ class SettingsDialog(QDialog):
             "max_num_seqs": ("Max sequences", self.max_seqs),
             "enable_prefix_caching": ("Prefix caching", self.prefix),
             "allocator": ("Allocator", self.allocator),
+            "num_threads": ("CPU threads", self.threads),
         }
         self.policy = QComboBox()
         for key, label in OVERFLOW_POLICIES.items():

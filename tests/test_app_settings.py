@@ -74,6 +74,7 @@ SAVED_FILE = {
         "enable_prefix_caching": True,
         "allocator": "paged",
         "quantization": "auto",
+        "num_threads": None,
     },
     "sampling": {
         "temperature": 0.7,
@@ -134,6 +135,7 @@ CUSTOM_ENGINE = EngineSettings(
     enable_prefix_caching=False,
     allocator="contiguous",
     quantization="int8",
+    num_threads=1,
 )
 
 

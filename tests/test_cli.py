@@ -90,6 +90,7 @@ ENGINE_FLAGS = {
     "max_num_seqs": 64,
     "num_kv_blocks": None,
     "quantization": "auto",
+    "num_threads": None,
 }
 # The other user knobs are for LLM and the app's settings (seed: --seed is the sampling seed).
 NOT_ON_THE_COMMAND_LINE = {
@@ -124,6 +125,7 @@ def test_every_engine_flag_reaches_llm(monkeypatch):
     argv = ["generate", "hi", "--model", "m.gguf", "--device", "cpu", "--dtype", "float32"]
     argv += ["--block-size", "32", "--max-model-len", "128", "--max-num-seqs", "3"]
     argv += ["--num-kv-blocks", "9", "--quantization", "none", "--seed", "5"]
+    argv += ["--num-threads", "1"]
     terminal.llm_from_args(_args(argv))
     assert built == {
         "model": "m.gguf",
@@ -134,6 +136,7 @@ def test_every_engine_flag_reaches_llm(monkeypatch):
         "max_num_seqs": 3,
         "num_kv_blocks": 9,
         "quantization": "none",
+        "num_threads": 1,
     }  # --seed went to the sampling params, not to the engine
 
 

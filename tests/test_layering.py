@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE_PUBLIC: dict[str, set[str] | None] = {
     "engine": None,  # LLM, SamplingParams, BeamSearchParams, EngineConfig, outputs
     "engine.config": None,  # the knob list the settings and the CLI are derived from
+    # The settings' thread row; the bench's thread sweep.
+    "engine.cpu_threads": {"default_num_threads", "usable_cpus", "apply_num_threads"},
     "engine.planner": None,
     "engine.device_memory": None,
     "engine.kv.snapshot": None,  # KVSnapshot and its parts, what the block map draws
