@@ -16,10 +16,12 @@ def engine_knobs() -> list[Field]:
     return [f for f in user_knobs() if f.metadata[KNOB].cli]
 
 
-def _engine_args(p: argparse.ArgumentParser) -> None:
+def _engine_args(p: argparse.ArgumentParser, skip=()) -> None:
     hints = typing.get_type_hints(EngineConfig)
     for f in engine_knobs():
         knob = f.metadata[KNOB]
+        if "--" + f.name.replace("_", "-") in skip:
+            continue
         p.add_argument(
             "--" + f.name.replace("_", "-"),
             type=_flag_type(hints[f.name]),
@@ -111,6 +113,29 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' (or KVSCOPE_API_KEY)"
+    )
+    p.add_argument("--served-model-name", default=None, help="default: the model file's name")
+    p.add_argument(
+        "--kv-events", default=None, metavar="ENDPOINT", help="publish vLLM KV events (ZMQ PUB)"
+    )
+    p.add_argument(
+        "--kv-events-replay", default=None, metavar="ENDPOINT", help="ZMQ ROUTER for missed events"
+    )
+    p.add_argument("--kv-events-topic", default="", help="ZMQ topic of the KV events")
+    p.add_argument(
+        "--kv-events-encoding",
+        default="array",
+        choices=("array", "map"),
+        help="vLLM's positional layout (array) or the map layout of vLLM after PR #42892",
+    )
+    _engine_args(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvscope", description="Chat with a local LLM and watch its KV cache."
@@ -157,7 +182,49 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="instead: Triton decode kernel + engine decode vs SDPA on a CUDA GPU (bench_gpu.json)",
     )
+    bench.add_argument(
+        "--serve",
+        action="store_true",
+        help="instead: concurrent streaming clients against `kvscope serve` (bench_serve.json)",
+    )
+    bench.add_argument("--clients", type=int, default=64, help="--serve: concurrent clients")
+    bench.add_argument(
+        "--serve-requests",
+        type=int,
+        default=None,
+        help="--serve: total requests (default 2x clients)",
+    )
+    bench.add_argument("--serve-seconds", type=float, default=120.0, help="--serve: time bound")
+    bench.add_argument("--serve-max-tokens", type=int, default=32, help="--serve: tokens per reply")
+    bench.add_argument(
+        "--threads",
+        action="store_true",
+        help="instead: batch-1 decode at each thread count, quiet and with one core busy "
+        "(bench_threads.json)",
+    )
+    bench.add_argument(
+        "--peer",
+        default=None,
+        choices=("llama.cpp",),
+        help="instead: batch-1 greedy decode of the same GGUF against this peer, alternating "
+        "(bench_peer.json; llama-cpp-python must be installed)",
+    )
+    bench.add_argument(
+        "--num-threads", type=int, default=None, help="threads for --peer (default: ours)"
+    )
+    bench.add_argument(
+        "--sliding",
+        action="store_true",
+        help="instead: KV blocks held vs tokens for one long generation on tiny sliding-window "
+        "models, windows honoured and ignored (bench_sliding.json)",
+    )
+    bench.add_argument(
+        "--sliding-tokens", type=int, default=4000, help="--sliding: tokens to generate"
+    )
+    # The engine knobs for --serve, but for flags bench already has (their value serves both).
+    _engine_args(bench.add_argument_group("engine of --serve"), skip=bench._option_string_actions)
     _plan_args(sub.add_parser("plan", help="KV-cache memory arithmetic, no weights loaded"))
+    _serve_args(sub.add_parser("serve", help="an OpenAI-compatible server on this machine"))
     record = sub.add_parser("record", help="run chat requests and save the KV events to a file")
     record.add_argument("out", help="events file (JSON lines)")
     record.add_argument("--num-requests", type=int, default=8)
@@ -180,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         from app import recording
 
         return recording.run(args)
+    if args.command == "serve":
+        from app.serve.server import run as run_server
+
+        return run_server(args)
     if args.command == "bench":
         from app.bench.run import run_bench
 

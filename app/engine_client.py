@@ -32,6 +32,8 @@ class EngineClient(QObject):
     _stop_recording = Signal()
     _start_load = Signal(object)
     _stop_load = Signal()
+    _start_server = Signal(str, int, str)
+    _stop_server = Signal()
     _shutdown = Signal()
 
     def __init__(self, settings: EngineSettings, loaded_model=None, parent=None) -> None:
@@ -50,6 +52,8 @@ class EngineClient(QObject):
         self._stop_recording.connect(self.worker.stop_recording)
         self._start_load.connect(self.worker.start_load)
         self._stop_load.connect(self.worker.stop_load)
+        self._start_server.connect(self.worker.start_server)
+        self._stop_server.connect(self.worker.stop_server)
         self._shutdown.connect(self.worker.shutdown)
         # Re-exported: connecting to these from the GUI thread gets queued delivery.
         w = self.worker
@@ -58,6 +62,7 @@ class EngineClient(QObject):
         self.telemetry, self.block_info, self.error = w.telemetry, w.block_info, w.error
         self.load_status, self.context_usage = w.load_status, w.context_usage
         self.recording = w.recording
+        self.server_state = w.server_state
 
     def start(self) -> None:
         _RUNNING.add(self)
@@ -100,6 +105,13 @@ class EngineClient(QObject):
 
     def stop_load(self) -> None:
         self._stop_load.emit()
+
+    def start_server(self, host: str, port: int, api_key: str = "") -> None:
+        """Serve this engine over the OpenAI API; answered by `server_state`."""
+        self._start_server.emit(host, port, api_key)
+
+    def stop_server(self) -> None:
+        self._stop_server.emit()
 
     def shutdown(self, timeout_ms: int = 60_000) -> None:
         if self.thread.isRunning():

@@ -90,6 +90,14 @@ class RecordingState:
 
 
 @dataclass(frozen=True)
+class ServerState:
+    """The answer to a server start or stop (Engine ▸ Serve the engine)."""
+
+    url: str  # the OpenAI base URL being served ("http://127.0.0.1:8000/v1"); "" when not
+    error: str = ""  # why it did not start, or why it stopped
+
+
+@dataclass(frozen=True)
 class Telemetry:
     """One picture of the pool for the block map and the status bar."""
 

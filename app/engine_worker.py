@@ -19,6 +19,12 @@ Recording: `start_recording(path)` has the engine write its KV events to a sessi
 engine starts one only when idle, so a replay starts from an empty pool) until
 `stop_recording()`, a rebuild or shutdown; each change is answered by `recording(RecordingState)`.
 
+Serving (Engine ▸ Serve the engine): `start_server(host, port, api_key)` runs `kvscope serve`'s
+HTTP server (app/serve/) over this worker's engine. Its requests are queued to an EngineDriver
+that this loop drains between steps, so they join the chats in one batch and appear on the block
+map as "api-{client}/…"; `server_state(ServerState)` answers every start and stop. A rebuild
+or shutdown stops the server first.
+
 Simulated users (app/loadgen.py) run here too: each loop turn admits the generator's due
 requests next to the chats, and reports their ends back to it; when the engine is idle the loop
 sleeps until the next arrival.
@@ -32,7 +38,14 @@ import time
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from app.context_fit import fit_conversation, prompt_ids, reply_reserve
-from app.engine_messages import ContextUsage, EngineInfo, RecordingState, ReplyUpdate, Telemetry
+from app.engine_messages import (
+    ContextUsage,
+    EngineInfo,
+    RecordingState,
+    ReplyUpdate,
+    ServerState,
+    Telemetry,
+)
 from app.settings import EngineSettings
 from engine.device_memory import read_device_memory
 from engine.kv.snapshot import KVSnapshot
@@ -59,6 +72,8 @@ class EngineWorker(QObject):
     error = Signal(str)  # an engine error outside any one request
     load_status = Signal(bool, str)  # simulated users running?, a line about them
     recording = Signal(object)  # RecordingState, after every start or stop
+    server_state = Signal(object)  # ServerState, after every server start or stop
+    _server_wake = Signal()  # from the HTTP thread: served requests are queued
 
     def __init__(self, settings: EngineSettings, loaded_model=None) -> None:
         super().__init__()
@@ -81,6 +96,8 @@ class EngineWorker(QObject):
         self._load_error = ""
         self._load_line = ""  # the latest load status sent
         self._recording_path = ""  # the session file being written, "" when not recording
+        self._server = None  # app.serve.server.Server while serving this engine
+        self._server_wake.connect(self._wake_for_server)
 
     # ---- lifecycle (runs in the worker thread) -------------------------------------------
     @Slot()
@@ -97,6 +114,7 @@ class EngineWorker(QObject):
         for timer in (self._step_timer, self._telemetry_timer):
             if timer is not None:
                 timer.stop()
+        self.stop_server()
         self._abort_all()
         self.stop_recording()
         self.llm = None
@@ -106,8 +124,9 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def apply_settings(self, settings: EngineSettings) -> None:
-        """Rebuild the engine with new knobs; replies in flight, simulated users and a recording
-        stop."""
+        """Rebuild the engine with new knobs; replies in flight, simulated users, a recording and
+        the server stop."""
+        self.stop_server("the engine was rebuilt")
         self._abort_all()
         self.stop_recording()
         self._build(settings)
@@ -120,7 +139,8 @@ class EngineWorker(QObject):
         try:
             kwargs = settings.llm_kwargs()  # validates every knob before anything is freed
             if self._loaded is None or settings.model != self._loaded_key:
-                loaded = load_model(settings.model)
+                # A first GGUF tokenizer conversion (30 s for Gemma 3) shows in the status line.
+                loaded = load_model(settings.model, progress=self.busy.emit)
             else:
                 loaded = self._loaded
         except Exception as e:  # any unreadable model file: report it, keep the old engine
@@ -248,6 +268,40 @@ class EngineWorker(QObject):
             self.llm.engine.stop_recording()
         self.recording.emit(RecordingState("", path))
 
+    # ---- serving ---------------------------------------------------------------------------
+    @Slot(str, int, str)
+    def start_server(self, host: str, port: int, api_key: str) -> None:
+        from app.serve.engine_loop import EngineDriver
+        from app.serve.server import Server
+
+        self.stop_server()
+        if self.llm is None:
+            self.server_state.emit(ServerState("", "No model is loaded."))
+            return
+        driver = EngineDriver(self.llm.engine, wake=self._server_wake.emit)
+        try:
+            server = Server(self.llm, host=host, port=port, api_key=api_key or None, driver=driver)
+            server.start()
+        except (RuntimeError, ValueError, OSError) as e:
+            self.server_state.emit(ServerState("", f"Cannot serve on {host}:{port}: {e}"))
+            return
+        self._server = server
+        self.server_state.emit(ServerState(f"{server.base_url}/v1", ""))
+
+    @Slot()
+    def stop_server(self, why: str = "") -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.stop()  # fails its requests still in flight (this is the engine's thread)
+        self._dirty = True
+        self.server_state.emit(ServerState("", f"The server stopped: {why}." if why else ""))
+
+    @Slot()
+    def _wake_for_server(self) -> None:
+        if self._step_timer is not None and not self._step_timer.isActive():
+            self._wake()
+
     def _abort_all(self) -> None:
         if self.llm is None:
             return
@@ -323,6 +377,10 @@ class EngineWorker(QObject):
             return
         engine = self.llm.engine
         self._admit_load()
+        served = self._server.engine_loop if self._server is not None else None
+        if served is not None:
+            served.drain()  # the HTTP clients' adds, aborts and reads, between steps
+            self._dirty = True
         if engine.has_unfinished_requests():
             try:
                 outputs = engine.step()
@@ -332,6 +390,8 @@ class EngineWorker(QObject):
             self._dirty = True
             for output in outputs:
                 self._deliver(output)
+            if served is not None:
+                served.deliver(outputs)
             if time.monotonic() - self._last_publish >= TELEMETRY_INTERVAL_S:
                 self._publish()
         if engine.has_unfinished_requests():
@@ -366,6 +426,8 @@ class EngineWorker(QObject):
             self._requests.pop(request_id)
             self.request_failed.emit(request_id, f"stopped by an engine error: {e}")
         self.stop_load()
+        if self._server is not None:
+            self._server.engine_loop.fail_all(e)
         self._dirty = True
 
     @Slot()

@@ -1,6 +1,7 @@
 """The request id format, in one place: "{group}/{suffix}".
 
-A chat's replies are "conv-{conversation id}/r{n}", a simulated user's requests "load-{user}/{k}".
+A chat's replies are "conv-{conversation id}/r{n}", a simulated user's requests "load-{user}/{k}",
+an HTTP client's (`kvscope serve`) "api-{client}/{k}".
 The group (the part before the first '/') names who asked: the block map colours by it and the
 window turns a conversation's group back into its id. Any other id is a group of its own.
 """
@@ -11,6 +12,7 @@ from functools import lru_cache
 
 CONVERSATION_PREFIX = "conv-"
 LOAD_PREFIX = "load-"
+API_PREFIX = "api-"
 
 
 def conversation_group(conversation_id: int) -> str:
@@ -26,6 +28,12 @@ def conversation_request_id(conversation_id: int, n: int) -> str:
 def load_request_id(user: int, k: int) -> str:
     """The id of a simulated user's k-th request: "load-3/7"."""
     return f"{LOAD_PREFIX}{user}/{k}"
+
+
+def api_request_id(client: str, k: int) -> str:
+    """The id of an HTTP client's k-th request: "api-editor/7". `client` is the label the
+    server derived (the request's `user` field, sanitized), so each client gets its colour."""
+    return f"{API_PREFIX}{client}/{k}"
 
 
 @lru_cache(maxsize=65536)  # the block map asks for every sequence of every snapshot

@@ -31,6 +31,7 @@ from app.model_discovery import remember_model
 from app.paths import ASSETS_DIR, data_dir
 from app.recording_controls import RecordingControls
 from app.request_ids import conversation_of_group, group_of
+from app.server_controls import ServerControls
 from app.settings import (
     AppSettings,
     SettingsDialog,
@@ -113,6 +114,8 @@ class MainWindow(QMainWindow):
         self.menus.themes[self.settings.theme].setChecked(True)
         self.recording = RecordingControls(self, self.client, self.show_error, self._show_notice)
         add_engine_actions(self, self.recording.actions())
+        self.server = ServerControls(self, self.client, self.show_error, self._show_notice)
+        add_engine_actions(self, self.server.actions())
         self.status.addPermanentWidget(self.recording.button)
         self._connect_engine()
         self.client.start()
@@ -232,7 +235,7 @@ class MainWindow(QMainWindow):
         self.last_telemetry = telemetry
         if not self._telemetry_due:
             self._telemetry_due = True
-            QTimer.singleShot(0, self._show_telemetry)
+            QTimer.singleShot(0, self, self._show_telemetry)  # dropped if the window is deleted
 
     def _show_telemetry(self) -> None:
         self._telemetry_due = False

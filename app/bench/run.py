@@ -55,6 +55,32 @@ def run_bench(args: argparse.Namespace) -> int:
         from app.bench.gpu import run_gpu_bench
 
         return run_gpu_bench(args)
+    if getattr(args, "threads", False):
+        from app.bench.threads_bench import run_threads_bench, summarize_threads
+
+        print(summarize_threads(run_threads_bench(Path(args.out))))
+        print(f"  wrote {Path(args.out) / 'bench_threads.json'} and bench_threads.png")
+        return 0
+    if getattr(args, "peer", None):
+        from app.bench.peer_bench import run_peer_bench, summarize_peer
+
+        report = run_peer_bench(Path(args.out), args.peer, threads=args.num_threads)
+        print(summarize_peer(report))
+        print(f"  wrote {Path(args.out) / 'bench_peer.json'} and bench_peer.png")
+        return 0
+    if getattr(args, "sliding", False):
+        from app.bench.sliding_bench import run_and_plot, summarize_sliding
+        from app.paths import cache_dir
+
+        out = Path(args.out)
+        report = run_and_plot(out, cache_dir() / "bench-sliding", args.sliding_tokens)
+        print(summarize_sliding(report))
+        print(f"  wrote {out / 'bench_sliding.json'} and bench_sliding.png")
+        return 0
+    if getattr(args, "serve", False):
+        from app.bench.serve_bench import run_serve_bench
+
+        return run_serve_bench(args)
     if getattr(args, "models", False):
         from app.bench.models_bench import run_models_bench
         from app.paths import cache_dir

@@ -1,0 +1,77 @@
+"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}} with its status."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+# HTTP status -> the error type OpenAI's API names it with.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """A request the server refuses; becomes an OpenAI error body with `status`."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None):
+    kind = ERROR_TYPES.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(error_body(err.status, err.message, err.param, err.code), err.status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}".strip(), None
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    got = first.get("input")
+    try:
+        shown = json.dumps(got)[:80]
+    except (TypeError, ValueError):
+        shown = repr(got)[:80]
+    return f"{param or 'body'}: {first.get('msg', 'invalid')} (got {shown})", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every failure answers with an OpenAI error body; none of them stops the server."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(400, message, param), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code)

@@ -1,0 +1,243 @@
+"""KV-cache events in vLLM's wire format, published over ZMQ, so routers built for vLLM (NVIDIA
+Dynamo's KV router, llm-d) can follow KVScope's prefix cache.
+
+Schema and transport follow vllm/distributed/kv_events.py (vllm-project/vllm @ 0181ea31, the
+newest main read; the transport is unchanged since b4e69e0a): a `KVEventBatch(ts, events,
+data_parallel_rank)` of tagged `BlockStored` / `BlockRemoved` / `AllBlocksCleared` structs,
+msgpack-encoded by msgspec. The PUB socket sends multipart (topic, seq as 8-byte big-endian,
+payload); the replay ROUTER answers a start seq (8 bytes, big-endian) with every buffered
+(seq, payload) from it, then (-1 as 8 bytes, b"").
+
+Two layouts exist. vLLM's example subscriber and releases before vllm-project/vllm#42892 encode
+everything array-like (positional); later releases encode the events as maps keyed by field
+name with the tag under "type", inside the same array-like batch. `encoding="array"` (the
+default, what the example subscriber decodes) or `"map"` picks one; the routers read both.
+
+`group_idx` is the engine's KV group (0 unless its layers differ, e.g. sliding windows). Our
+block hashes are the engine's own 64-bit chained prefix hashes (ints, as vLLM sends with
+VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1); `medium` is "GPU", vLLM's name for the primary KV pool
+(a router reads "CPU" as an offload tier), whatever device the engine runs on."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from functools import cache
+from itertools import count
+from typing import Any
+
+import msgspec
+import zmq
+
+from engine import LLMEngine
+
+log = logging.getLogger(__name__)
+
+MEDIUM_GPU = "GPU"
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+ENCODINGS = ("array", "map")
+
+
+@cache
+def event_structs(encoding: str = "array") -> dict[str, type]:
+    """vLLM's structs, field for field, in one layout (EventBatch is array-like in both)."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"KV event encoding must be one of {ENCODINGS}, got {encoding!r}")
+    array_like = encoding == "array"
+
+    class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+        ts: float
+        events: list[Any]
+        data_parallel_rank: int | None = None
+
+    class KVCacheEvent(
+        msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False, tag=True
+    ):
+        """Base class for all KV cache-related events"""
+
+    class BlockStored(KVCacheEvent):
+        block_hashes: list[int | bytes]
+        parent_block_hash: int | bytes | None
+        token_ids: list[int]
+        block_size: int
+        lora_id: int | None
+        medium: str | None
+        lora_name: str | None
+        extra_keys: list[tuple[Any, ...] | None] | None = None
+        group_idx: int | None = None
+        kv_cache_spec_kind: str | None = None
+        kv_cache_spec_sliding_window: int | None = None
+
+    class BlockRemoved(KVCacheEvent):
+        block_hashes: list[int | bytes]
+        medium: str | None
+        group_idx: int | None = None
+
+    class AllBlocksCleared(KVCacheEvent):
+        pass
+
+    class KVEventBatch(EventBatch):
+        events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+    return {
+        "KVEventBatch": KVEventBatch,
+        "BlockStored": BlockStored,
+        "BlockRemoved": BlockRemoved,
+        "AllBlocksCleared": AllBlocksCleared,
+    }
+
+
+class KVEventTranslator:
+    """Listens to the engine's pool events (in the engine thread) and turns them into vLLM's:
+    blocks that become hashed -> BlockStored (one per chained run), an evicted cached block ->
+    BlockRemoved. `take()` hands over what one step produced."""
+
+    def __init__(self, engine: LLMEngine, encoding: str = "array") -> None:
+        self.engine = engine
+        self.block_size = engine.config.block_size
+        self.structs = event_structs(encoding)
+        self.hash_of: dict[int, tuple[int, int]] = {}  # block id -> (hash, group) announced
+        # Whatever the pool already holds (the app's engine may have run): clear, then restate.
+        self._pending: list[Any] = [self.structs["AllBlocksCleared"]()]
+        held = engine.kv_snapshot().has_hash.nonzero()[0].tolist()
+        self._stored(held)
+        engine.subscribe_kv_events(self)
+
+    def close(self) -> None:
+        self.engine.unsubscribe_kv_events(self)
+
+    def __call__(self, event) -> None:
+        if event.kind == "blocks_hashed":
+            self._stored(event.blocks)
+        elif event.kind == "block_evicted":
+            announced = self.hash_of.pop(event.block, None)
+            if announced is not None:
+                h, group = announced
+                self._pending.append(
+                    self.structs["BlockRemoved"](
+                        block_hashes=[h], medium=MEDIUM_GPU, group_idx=group
+                    )
+                )
+
+    def _stored(self, blocks) -> None:
+        BlockStored = self.structs["BlockStored"]
+        run: BlockStored | None = None
+        for block in blocks:
+            key = self.engine.block_hash(block)
+            if key is None:
+                continue
+            h, parent, tokens, group = key
+            self.hash_of[block] = (h, group)
+            if run is not None and run.group_idx == group and run.block_hashes[-1] == parent:
+                run.block_hashes.append(h)
+                run.token_ids.extend(tokens)
+                continue
+            run = BlockStored(
+                block_hashes=[h],
+                parent_block_hash=parent,
+                token_ids=list(tokens),
+                block_size=self.block_size,
+                lora_id=None,
+                medium=MEDIUM_GPU,
+                lora_name=None,
+                # vLLM's KV cache group; the spec kind (full / sliding) is left out: which
+                # group slides is the engine's layout, not visible here.
+                group_idx=group,
+            )
+            self._pending.append(run)
+
+    def take(self):
+        """The batch of events since the last call, or None when there were none."""
+        if not self._pending:
+            return None
+        events, self._pending = self._pending, []
+        return self.structs["KVEventBatch"](ts=time.time(), events=events, data_parallel_rank=0)
+
+
+class ZmqEventPublisher:
+    """PUB socket plus an optional replay ROUTER with a bounded buffer, served by one thread
+    that owns both sockets (ZMQ sockets are not thread-safe). Both bind: the server is the
+    stable end, as vLLM's default `tcp://*:5557` is."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        buffer_steps: int = 10_000,
+        hwm: int = 100_000,
+    ) -> None:
+        self._ctx = zmq.Context.instance()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.set_hwm(hwm)
+        self._replay = None
+        try:
+            self._pub.bind(endpoint)
+            if replay_endpoint:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.bind(replay_endpoint)
+        except zmq.ZMQError as e:
+            self._close_sockets()
+            raise ValueError(
+                f"cannot bind KV event socket {endpoint!r} / {replay_endpoint!r}: {e}"
+            ) from e
+        self._topic = topic.encode("utf-8")
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._queue: queue.Queue = queue.Queue(maxsize=100_000)
+        self._seq = count()
+        self._encoder = msgspec.msgpack.Encoder()
+        self._running = True
+        self._thread = threading.Thread(target=self._serve, name="kvscope-kv-events", daemon=True)
+        self._thread.start()
+
+    def publish(self, batch) -> None:
+        try:
+            self._queue.put_nowait(batch)
+        except queue.Full:  # a stalled publisher must not stall the engine
+            log.warning("KV event queue full; dropping a batch (subscribers will see a seq gap)")
+
+    def shutdown(self) -> None:
+        self._running = False
+        self._queue.put(None)
+        self._thread.join(timeout=2)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+
+    def _serve(self) -> None:
+        while True:
+            if self._replay is not None and self._replay.poll(0):
+                try:
+                    self._answer_replay()
+                except zmq.ZMQError:
+                    log.exception("KV event replay failed")
+            try:
+                batch = self._queue.get(timeout=0.05)
+            except queue.Empty:
+                if not self._running:
+                    return
+                continue
+            if batch is None:
+                return
+            seq = next(self._seq)
+            payload = self._encoder.encode(batch)
+            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            self._buffer.append((seq, payload))
+
+    def _answer_replay(self) -> None:
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3 or len(frames[2]) != 8:
+            log.warning("ignoring a malformed KV event replay request (%d frames)", len(frames))
+            return
+        client, _, start = frames
+        start_seq = int.from_bytes(start, "big")
+        for seq, payload in list(self._buffer):
+            if seq >= start_seq:
+                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", END_SEQ, b""))

@@ -1,0 +1,187 @@
+"""The OpenAI-compatible routes: chat and text completions (streamed or whole), models, health
+and metrics. Each request is checked here (model name, bounds, what the engine cannot honour),
+queued to the engine thread, and answered from its stream of outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from itertools import count
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from app.request_ids import api_request_id
+from app.serve.engine_loop import Accepted, RequestStream
+from app.serve.errors import APIError
+from app.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from app.serve.responses import ResponseBuilder, sse
+from app.serve.state import ServerState
+from engine import RequestOutput, SamplingParams
+
+DISCONNECT_POLL_S = 0.5  # how often a whole (non-streamed) request checks its client is there
+_CLIENT_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def client_label(body: SamplingFields, request: Request) -> str:
+    """Who asked, for the block map's colours: the `user` field or X-KVScope-Client header."""
+    raw = body.user or request.headers.get("x-kvscope-client") or "client"
+    return _CLIENT_LABEL.sub("-", raw).strip("-")[:32] or "client"
+
+
+def build_router(state: ServerState) -> APIRouter:
+    router = APIRouter()
+    ids = count(1)
+
+    def check_model(name: str) -> None:
+        if name not in state.model_names:
+            raise APIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+
+    def sampling(body: SamplingFields, max_tokens: int | None, logprobs: int | None):
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(body, name):
+                raise APIError(400, f"{name} is not supported (got {getattr(body, name)})", name)
+        limit = state.max_model_len
+        if max_tokens is not None and max_tokens > limit:
+            raise APIError(
+                400,
+                f"max_tokens {max_tokens} exceeds the context length: must be <= {limit}",
+                "max_tokens",
+            )
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens or limit,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p,
+                n=body.n,
+                stop=body.stop,
+                seed=body.seed,
+                logprobs=logprobs,
+            )
+        except ValueError as e:
+            raise APIError(400, str(e)) from None
+
+    async def admit(rid, prompt, params: SamplingParams, arrival: float, param: str):
+        stream = RequestStream(rid, asyncio.get_running_loop())
+        state.engine_loop.call(lambda _: state.metrics.track(rid, arrival))
+        state.engine_loop.submit(rid, prompt, params, stream)
+        first = await stream.get()
+        if isinstance(first, Exception):
+            raise APIError(400, str(first), param)
+        assert isinstance(first, Accepted)
+        return stream
+
+    async def respond(request: Request, kind: str, body, prompt, params, top_k: int):
+        arrival = time.time()
+        rid = api_request_id(client_label(body, request), next(ids))
+        param = "messages" if kind == "chat" else "prompt"
+        stream = await admit(rid, prompt, params, arrival, param)
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        builder = ResponseBuilder(kind, f"{prefix}-{rid}", body.model, top_k, state.token_text)
+        if body.stream:
+            with_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(
+                _stream(stream, builder, params.n, with_usage),
+                media_type="text/event-stream",
+            )
+        out = await _collect(stream, request)
+        if out is None:  # the client went away: nobody to answer
+            return Response(status_code=499)
+        errors = [c.error for c in out.outputs if c.error]
+        if errors:
+            raise APIError(500, f"the engine failed this request: {errors[0]}")
+        return JSONResponse(builder.full(out))
+
+    async def _stream(stream: RequestStream, builder: ResponseBuilder, n: int, with_usage: bool):
+        try:
+            for chunk in builder.first_chunks(n, with_usage):
+                yield sse(chunk)
+            last: RequestOutput | None = None
+            while not stream.finished:
+                item = await stream.get()
+                if isinstance(item, Exception):
+                    yield sse({"error": {"message": str(item), "type": "internal_server_error"}})
+                    return
+                last = item
+                for chunk in builder.deltas(item, with_usage):
+                    yield sse(chunk)
+            if with_usage and last is not None:
+                yield sse(builder.usage_chunk(last))
+            yield sse("[DONE]")
+        finally:
+            # Closed mid-stream (or cancelled): the engine frees the request's blocks.
+            if not stream.finished:
+                state.engine_loop.abort(stream.request_id)
+
+    async def _collect(stream: RequestStream, request: Request) -> RequestOutput | None:
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(stream.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return None
+                    continue
+                if isinstance(item, Exception):
+                    raise APIError(500, str(item))
+                if item.finished:
+                    return item
+        finally:
+            if not stream.finished:
+                state.engine_loop.abort(stream.request_id)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        check_model(body.model)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            prompt = state.engine.apply_chat_template(messages)
+        except ValueError as e:
+            raise APIError(400, str(e), "messages") from None
+        top_k = body.top_logprobs or 0
+        logprobs = top_k if body.logprobs else None
+        if body.top_logprobs and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        params = sampling(body, body.max_completion_tokens or body.max_tokens, logprobs)
+        return await respond(request, "chat", body, prompt, params, top_k)
+
+    @router.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_model(body.model)
+        if body.echo:
+            raise APIError(400, "echo is not supported", "echo")
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise APIError(400, f"one prompt per request, got {len(prompt)}", "prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise APIError(400, "prompt is empty", "prompt")
+        params = sampling(body, body.max_tokens, body.logprobs)
+        return await respond(request, "completion", body, prompt, params, body.logprobs or 0)
+
+    @router.get("/v1/models")
+    async def models():
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": state.started,
+                "owned_by": "kvscope",
+                "max_model_len": state.max_model_len,
+            }
+            for name in state.model_names
+        ]
+        return {"object": "list", "data": data}
+
+    @router.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    @router.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return router

@@ -1,0 +1,195 @@
+"""Assemble and run the server: FastAPI app + uvicorn, the engine thread, metrics, KV events.
+
+`Server(llm, ...)` serves an engine that already exists (a test's, or the app's); `run(args)`
+is `kvscope serve`. `start()` runs uvicorn in a thread of its own and returns once it listens,
+so tests and benchmarks drive a real socket."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from app.serve.engine_loop import EngineDriver, EngineLoop
+from app.serve.errors import install_error_handlers
+from app.serve.guards import ApiKeyGuard, BodySizeGuard
+from app.serve.kv_events import KVEventTranslator, ZmqEventPublisher
+from app.serve.metrics import ServerMetrics
+from app.serve.responses import TokenText
+from app.serve.routes import build_router
+from app.serve.state import ServerState
+from engine import LLM, LLMEngine
+
+log = logging.getLogger(__name__)
+
+API_KEY_ENV = "KVSCOPE_API_KEY"
+START_TIMEOUT_S = 30
+STOP_TIMEOUT_S = 15
+
+
+def served_model_name(engine: LLMEngine) -> str:
+    """The model's file or folder name without suffixes, e.g. "SmolLM2-135M-Instruct"."""
+    name = Path(str(engine.model_source)).name
+    for suffix in (".gguf", ".Q4_0", ".Q4_1", ".Q4_K_M", ".Q5_K_M", ".Q6_K", ".Q8_0", ".F16"):
+        name = name.removesuffix(suffix)
+    return name or "kvscope"
+
+
+class Server:
+    def __init__(
+        self,
+        llm: LLM,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        api_key: str | None = None,
+        model_name: str | None = None,
+        kv_events: str | None = None,
+        kv_events_replay: str | None = None,
+        kv_events_topic: str = "",
+        kv_events_encoding: str = "array",
+        driver: EngineDriver | None = None,
+    ) -> None:
+        """`driver`: who steps the engine (the app's worker); None: a thread of our own."""
+        engine = llm.engine
+        self.host, self.port = host, port
+        self.model_name = model_name or served_model_name(engine)
+        self.metrics = ServerMetrics(self.model_name)
+        self._owns_loop = driver is None
+        self.engine_loop = driver if driver is not None else EngineLoop(engine)
+        self.engine_loop.step_hooks.append(lambda outs: self.metrics.observe(engine, outs))
+        self.publisher: ZmqEventPublisher | None = None
+        self.translator: KVEventTranslator | None = None
+        if kv_events:
+            self.publisher = ZmqEventPublisher(kv_events, kv_events_replay, kv_events_topic)
+            self.translator = KVEventTranslator(engine, kv_events_encoding)
+            self.engine_loop.step_hooks.append(self._publish_kv_events)
+            self._publish_kv_events([])  # the pool as it stands, before any traffic
+        self.state = ServerState(
+            engine=engine,
+            engine_loop=self.engine_loop,
+            metrics=self.metrics,
+            model_names=(self.model_name,),
+            max_model_len=engine.max_model_len,
+            token_text=TokenText(engine.tokenizer),
+        )
+        self.app = build_app(self.state, api_key)
+        self._uvicorn: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def _publish_kv_events(self, _outputs) -> None:
+        if self.translator is None or self.publisher is None:  # stopped
+            return
+        batch = self.translator.take()
+        if batch is not None:
+            self.publisher.publish(batch)
+
+    def _config(self) -> uvicorn.Config:
+        return uvicorn.Config(
+            self.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+
+    def start(self) -> Server:
+        """Serve from a background thread; returns once the socket listens."""
+        if self._owns_loop:
+            self.engine_loop.start()
+        self._uvicorn = uvicorn.Server(self._config())
+        self._thread = threading.Thread(
+            target=self._uvicorn.run, name="kvscope-serve-http", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._uvicorn.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the server did not start on {self.host}:{self.port}")
+            time.sleep(0.02)
+        if self.port == 0:  # an ephemeral port: read back which one
+            self.port = self._uvicorn.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def serve_forever(self) -> None:
+        self.engine_loop.start()
+        try:
+            uvicorn.Server(self._config()).run()
+        finally:
+            self._stop_engine_side()
+
+    def stop(self) -> None:
+        """In-flight requests fail first (their handlers return), then the HTTP side stops."""
+        self._stop_engine_side()
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=STOP_TIMEOUT_S)
+
+    def _stop_engine_side(self) -> None:
+        if self._owns_loop:
+            self.engine_loop.stop()
+        else:  # the caller steps the engine and calls this from that thread
+            self.engine_loop.fail_all(RuntimeError("the server was stopped"))
+        if self.translator is not None:
+            self.translator.close()
+            self.translator = None
+        if self.publisher is not None:
+            self.publisher.shutdown()
+            self.publisher = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def build_app(state: ServerState, api_key: str | None) -> FastAPI:
+    app = FastAPI(title="KVScope", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    app.include_router(build_router(state))
+    # Outermost first: size, then the key; both answer OpenAI error bodies themselves.
+    app.add_middleware(ApiKeyGuard, api_key=api_key)
+    app.add_middleware(BodySizeGuard)
+    return app
+
+
+def run(args: argparse.Namespace) -> int:
+    """`kvscope serve`."""
+    from app.terminal import llm_from_args
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if args.kv_events_replay and not args.kv_events:
+        print("error: --kv-events-replay needs --kv-events", file=sys.stderr)
+        return 2
+    try:
+        llm = llm_from_args(args)
+        server = Server(
+            llm,
+            host=args.host,
+            port=args.port,
+            api_key=api_key,
+            model_name=args.served_model_name,
+            kv_events=args.kv_events,
+            kv_events_replay=args.kv_events_replay,
+            kv_events_topic=args.kv_events_topic,
+            kv_events_encoding=args.kv_events_encoding,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
+    print(f"KVScope serving {server.model_name} on {server.base_url}/v1", file=sys.stderr)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # uvicorn shuts down gracefully, then re-raises the Ctrl-C
+        pass
+    return 0

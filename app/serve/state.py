@@ -1,0 +1,22 @@
+"""What the routes share: the engine, its thread, the metrics, the names it answers to."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from app.serve.engine_loop import EngineLoop
+from app.serve.metrics import ServerMetrics
+from app.serve.responses import TokenText
+from engine import LLMEngine
+
+
+@dataclass
+class ServerState:
+    engine: LLMEngine
+    engine_loop: EngineLoop
+    metrics: ServerMetrics
+    model_names: tuple[str, ...]
+    max_model_len: int
+    token_text: TokenText
+    started: int = field(default_factory=lambda: int(time.time()))
