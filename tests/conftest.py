@@ -10,9 +10,29 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("KVSCOPE_DATA_DIR", tempfile.mkdtemp(prefix="kvscope-test-"))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # xdist workers inherit the controller's environment, data dir included: give each its own
+    # settings, chats and cache, so that two tests at once never share a file.
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    os.environ["KVSCOPE_DATA_DIR"] = tempfile.mkdtemp(prefix=f"kvscope-test-{worker}-")
 
 
 import pytest  # noqa: E402
+
+
+def _share_the_cores_between_xdist_workers() -> None:
+    """`make test` runs the suite on pytest-xdist workers, one process each. torch gives every
+    process one thread per core, so two workers on two cores would each spin two threads at
+    every op's barrier against the other worker: give each worker its share of the cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        torch.set_num_threads(max(1, (cores or 1) // workers))
+
+
+_share_the_cores_between_xdist_workers()
 
 
 @pytest.fixture(scope="session")
@@ -32,17 +52,11 @@ def default_model(default_model_lazy):
 
 @pytest.fixture(scope="session")
 def hf_default():
-    """HF transformers' own load of the bundled GGUF in float32: the parity reference."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    """HF transformers' own load of the bundled GGUF in float32: the parity reference, and the
+    baseline `kvscope bench` loads (tests/test_bench.py), so it is loaded once per session."""
+    from app.bench.hf_baseline import load_hf_model
 
-    from engine.model.loader import default_model_path
-
-    path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
-    return model.eval()
+    return load_hf_model()
 
 
 @pytest.fixture(scope="session")
@@ -94,8 +108,17 @@ def make_window(qtbot, default_model, tmp_path):
         return window
 
     yield make
+    from PySide6.QtCore import QEvent
+    from PySide6.QtWidgets import QApplication
+
     for window in windows:
         window.close()
+        # A closed window is not freed: its actions' and timers' connected slots (lambdas and
+        # bound methods of the window) are held from the C++ side, which Python's collector
+        # cannot see through. Left alive, every later window test carries them all, and each
+        # stylesheet change re-polishes every one of them.
+        window.deleteLater()
+    QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
     # Collect the closed windows' Qt objects here, on the GUI thread, rather than whenever the
     # next test's engine thread happens to trigger a collection.
     gc.collect()

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from app.bench.allocator_bench import compare_allocators
-from app.bench.hf_baseline import load_hf_model, useful_token_count
+from app.bench.hf_baseline import useful_token_count
 from app.bench.run import BenchSettings, benchmark
 from app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
 from engine.bench.snapshot_cost import measure_snapshot_cost
@@ -22,11 +22,6 @@ TINY = dict(
 )
 
 
-@pytest.fixture(scope="module")
-def hf_model():
-    return load_hf_model()
-
-
 def _check_png(path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with Image.open(path) as image:
@@ -40,8 +35,8 @@ def test_useful_tokens_stop_at_first_eos_and_budget():
     assert useful_token_count([5, 6], max_tokens=8, eos_ids={2}) == 2
 
 
-def test_bench_writes_consistent_report_and_plot(tmp_path, default_model, hf_model):
-    report = benchmark(BenchSettings(out=tmp_path, **TINY), default_model, hf_model)
+def test_bench_writes_consistent_report_and_plot(tmp_path, default_model, hf_default):
+    report = benchmark(BenchSettings(out=tmp_path, **TINY), default_model, hf_default)
     on_disk = json.loads((tmp_path / "bench.json").read_text())
     assert on_disk["ours"] == report["ours"]
     _check_png(tmp_path / "bench.png")
@@ -81,14 +76,30 @@ def test_bench_without_hf_leaves_hf_figures_empty(tmp_path, default_model):
     _check_png(tmp_path / "bench.png")
 
 
+@pytest.fixture()
+def short_agent_workload(tmp_path):
+    """The bundled agent workload cut to ~400 system-prompt tokens (25 blocks of 16, 1387 in
+    full) and three questions: the same shared-prefix and fork shapes at a quarter of the
+    prefill work. `kvscope bench` measures the full one."""
+    from app.paths import ASSETS_DIR
+
+    workload = json.loads((ASSETS_DIR / "chat_mixed.json").read_text())
+    agent = workload["agent"]
+    short = {"system_prompt": agent["system_prompt"][:1600], "questions": agent["questions"][:3]}
+    path = tmp_path / "agent_short.json"
+    path.write_text(json.dumps({"agent": short}))
+    return path
+
+
 @pytest.mark.slow
-def test_sharing_figures(default_model):
-    ttft = measure_prefix_ttft(default_model)
+def test_sharing_figures(default_model, short_agent_workload):
+    ttft = measure_prefix_ttft(default_model, short_agent_workload)
     # Every agent question after the first finds the shared system prompt's full blocks.
     assert ttft["cached_tokens_mean"] >= ttft["prompt_tokens_mean"] - 64
     assert ttft["cold_ttft_mean_s"] > 0 and ttft["cached_ttft_mean_s"] > 0
-    fork = measure_fork_blocks(default_model)
+    fork = measure_fork_blocks(default_model, short_agent_workload)
     prompt_blocks = fork["prompt_tokens"] // 16
+    assert prompt_blocks >= 20  # long enough that sharing its blocks dominates the peaks
     # Four uncached copies hold the prompt four times; n=4 holds its full blocks once.
     assert fork["peak_blocks_independent"] >= 4 * prompt_blocks
     assert prompt_blocks <= fork["peak_blocks_n4"] < fork["peak_blocks_independent_prefix_cached"]
