@@ -18,8 +18,9 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from app.bench.engine_bench import measure_engine_decode
 from app.bench.machine import machine_info
-from engine import LLM, SamplingParams
+from engine import LLM
 from engine.cpu_threads import apply_num_threads, default_num_threads, usable_cpus
 
 HOG = "while True: pass"
@@ -51,20 +52,7 @@ class CpuHog:
 
 def decode_tokens_per_s(llm: LLM, prompt: list[int], steps: int) -> float:
     """Median tokens/s of `steps` batch-1 decode steps after an untimed prefill."""
-    engine = llm.engine
-    params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
-    engine.add_request("bench-threads", prompt, params)
-    try:
-        while not any(o.outputs[0].token_ids for o in engine.step()):
-            pass
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - start)
-    finally:
-        engine.abort_request("bench-threads")
-    return 1.0 / statistics.median(times)
+    return measure_engine_decode(llm, prompt, steps).tokens_per_s
 
 
 def thread_counts(default: int, cpus: int) -> list[int]:
