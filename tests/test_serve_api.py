@@ -360,6 +360,45 @@ def test_concurrent_clients_share_one_batch(client, server):
     assert _stats(server)["peak_num_running"] >= 2
 
 
+def test_tokenize_gives_the_ids_the_chat_endpoint_prefills(client, server):
+    """A router counts a chat's prompt blocks from /tokenize: the ids must be the ones the chat
+    endpoint prefills (usage.prompt_tokens), and /detokenize must give the text back."""
+    model = server.model_name
+    messages = [{"role": "user", "content": "Name a colour."}]
+    status, body = _post(
+        server, "/tokenize", json.dumps({"model": model, "messages": messages}).encode()
+    )
+    assert status == 200, body
+    assert body["count"] == len(body["tokens"]) > 5 and body["max_model_len"] == MAX_MODEL_LEN
+    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=1)
+    assert chat.usage.prompt_tokens == body["count"]
+    status, text = _post(server, "/detokenize", json.dumps({"tokens": body["tokens"]}).encode())
+    assert status == 200 and "Name a colour." in text["prompt"]
+    status, plain = _post(server, "/tokenize", json.dumps({"prompt": "Name a colour."}).encode())
+    assert status == 200 and 0 < plain["count"] < body["count"]
+    for bad, param in (
+        ({"model": model}, "prompt"),  # neither prompt nor messages
+        ({"prompt": "x", "messages": messages}, "prompt"),  # both
+        ({"prompt": ""}, "prompt"),
+    ):
+        assert _error_of(_post(server, "/tokenize", json.dumps(bad).encode()), 400, param)
+    assert _error_of(
+        _post(server, "/detokenize", json.dumps({"tokens": [10**9]}).encode()), 400, "tokens"
+    )
+    assert _error_of(
+        _post(server, "/tokenize", json.dumps({"model": "nope", "prompt": "x"}).encode()), 404
+    )
+
+
+def test_cache_config_info_names_block_size_and_hash(server):
+    families = _metrics(server)
+    (sample,) = families["vllm:cache_config_info"].samples
+    assert sample.value == 1
+    assert sample.labels["block_size"] == str(server.engine_loop.engine.config.block_size)
+    assert sample.labels["prefix_caching_hash_algo"] == "xxh3_64_salted"
+    assert sample.labels["enable_prefix_caching"] == "True"
+
+
 def test_serve_flags_default_to_this_machine_only():
     from app.cli import build_parser
 

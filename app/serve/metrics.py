@@ -32,6 +32,7 @@ REQUEST_LATENCY_BUCKETS = [
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 ]  # fmt: skip
 FINISH_REASONS = ("stop", "length", "abort")
+HASH_ALGO = "xxh3_64_salted"  # engine/kv/block_manager.py hash_block
 POOL_REFRESH_S = 0.1  # the pool snapshot behind kvscope_* gauges, at most this often mid-run
 
 
@@ -122,6 +123,27 @@ class ServerMetrics:
         self._tracked: dict[str, _Tracked] = {}
         self._seen = {"query": 0, "hit": 0, "preempt": 0}
         self._last_pool = 0.0
+
+    def describe_cache(self, engine: LLMEngine) -> None:
+        """`vllm:cache_config_info`, vLLM's info gauge of its CacheConfig (value 1, the facts as
+        labels): a remote viewer reads the block size and the hash algorithm from it. Our hash
+        is xxh3-64 salted with the model file's path and KV dtype, which we do not publish, so
+        the name says it cannot be reproduced elsewhere (viewers match token ids instead)."""
+        c = engine.config
+        info = {
+            "block_size": str(c.block_size),
+            "cache_dtype": str(c.kv_torch_dtype).removeprefix("torch."),
+            "enable_prefix_caching": str(bool(c.enable_prefix_caching)),
+            "num_gpu_blocks": str(engine.block_manager.num_blocks),
+            "prefix_caching_hash_algo": HASH_ALGO,
+            "engine": "0",
+        }
+        Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            list(info),
+            registry=self.registry,
+        ).labels(**info).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -68,3 +68,20 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's POST /tokenize: a prompt as the completions endpoint takes it, or chat messages
+    templated as the chat endpoint would (so a router can count a chat's prompt blocks)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]

@@ -16,7 +16,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from app.request_ids import api_request_id
 from app.serve.engine_loop import Accepted, RequestStream
 from app.serve.errors import APIError
-from app.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from app.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    SamplingFields,
+    TokenizeRequest,
+)
 from app.serve.responses import ResponseBuilder, sse
 from app.serve.state import ServerState
 from engine import RequestOutput, SamplingParams
@@ -161,6 +167,41 @@ def build_router(state: ServerState) -> APIRouter:
             raise APIError(400, "prompt is empty", "prompt")
         params = sampling(body, body.max_tokens, body.logprobs)
         return await respond(request, "completion", body, prompt, params, body.logprobs or 0)
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        """The token ids the engine would see, as vLLM answers: {count, max_model_len, tokens}."""
+        if body.model is not None:
+            check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give either prompt or messages", "prompt")
+        if body.messages is not None:
+            if not body.add_generation_prompt:
+                raise APIError(400, "add_generation_prompt: false is not supported", "messages")
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            try:
+                text = state.engine.apply_chat_template(messages)
+            except ValueError as e:
+                raise APIError(400, str(e), "messages") from None
+        else:
+            text = body.prompt
+        try:
+            _text, ids = state.engine.tokenize(text)
+        except ValueError as e:
+            raise APIError(400, str(e), "prompt") from None
+        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        if body.model is not None:
+            check_model(body.model)
+        vocab = state.engine.model_config.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(
+                400, f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", "tokens"
+            )
+        return {"prompt": state.engine.tokenizer.decode(body.tokens)}
 
     @router.get("/v1/models")
     async def models():

@@ -61,6 +61,7 @@ class Server:
         self.host, self.port = host, port
         self.model_name = model_name or served_model_name(engine)
         self.metrics = ServerMetrics(self.model_name)
+        self.metrics.describe_cache(engine)
         self._owns_loop = driver is None
         self.engine_loop = driver if driver is not None else EngineLoop(engine)
         self.engine_loop.step_hooks.append(lambda outs: self.metrics.observe(engine, outs))
