@@ -1,0 +1,472 @@
+"""Follow one server's KV event stream: a SUB socket, the replay DEALER, a thread of its own.
+
+Protocol (vllm/distributed/kv_events.py; app/serve/kv_events.py is ours): the PUB socket sends
+multipart (topic, seq as 8-byte big-endian, payload); the replay ROUTER answers a request
+(b"", start seq as 8 bytes big-endian) with (b"", seq, payload) for every buffered batch from
+that seq, then (b"", -1, b"").
+
+What the thread does, and why:
+- On connecting it asks the replay socket for everything buffered from seq 0, so a server that
+  is idle (and sends nothing live) still shows what it holds.
+- Batches reach `on_batch(seq, batch)` once each, in seq order. A gap in the live seqs is
+  filled from the replay socket; what it cannot give back is counted in `missed`. A replay
+  request that gets no answer within `replay_timeout_s` is given up (the DEALER is replaced so
+  a late answer cannot be mistaken for the next one) and further replays back off.
+- A restart is a live seq that is not above the previous live seq (a fresh publisher counts
+  from 0), or, after a reconnect, a replayed batch at our last seq whose bytes differ from the
+  ones we applied. Then `restarts` counts, the consumer gets a synthetic AllBlocksCleared batch
+  (seq -1) so its cache starts over, and the new server's history is replayed from 0. An
+  AllBlocksCleared the server sends after the stream's first batch counts in `resets` (vLLM
+  sends one when its prefix cache is reset; a cache that clears itself is not proof of a
+  restart, and our own server opens every stream with one).
+- A frame that does not decode is counted in `malformed`, its seq is consumed, and the thread
+  carries on.
+- Reconnecting is ZMQ's own, with exponential backoff from `backoff[0]` to `backoff[1]`
+  seconds (RECONNECT_IVL / RECONNECT_IVL_MAX) and heartbeats so a vanished host is noticed; a
+  socket monitor tells connected from not. States: "connecting" (not connected: first try or
+  after losing the server; `retry_at` says when ZMQ tries again), "live" (connected, a frame
+  within `silent_after_s`), "silent" (connected, nothing for `silent_after_s`: an idle server,
+  or a link that died without closing), "stopped".
+- `stop()` returns within `timeout` in every state: every wait is sliced to POLL_S."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from app.remote.kv_wire import AllBlocksCleared, EventBatch, MalformedFrame, decode_batch
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+END_SEQ = -1
+RESTART_SEQ = -1  # the seq of the synthetic clearing batch delivered on a restart
+STATUS_EVERY_S = 0.25  # seq-only status changes are reported at most this often
+
+
+@dataclass(frozen=True)
+class SubscriberStatus:
+    state: str  # "connecting" | "live" | "silent" | "stopped"
+    last_seq: int | None  # the last seq handed to on_batch
+    recovered: int  # batches the replay socket gave back (gaps and the initial history)
+    missed: int  # seqs lost for good (gaps the replay could not fill)
+    malformed: int  # frames that did not decode
+    restarts: int  # server restarts detected
+    error: str  # the latest trouble, "" when none
+    since: float  # time.time() the state was entered
+    connected: bool = False
+    retry_at: float | None = None  # time.time() of ZMQ's next connection attempt, when known
+    retry_in_s: float | None = None  # the backoff interval that attempt waits (doubles to a cap)
+    last_frame_at: float | None = None  # time.time() of the last live frame
+    batches: int = 0  # batches handed to on_batch
+    first_seq: int | None = None  # the first seq we hold: > 0 means older history is unknown
+    resets: int = 0  # AllBlocksCleared after the stream's first batch (a cache reset, or a
+    # restarted server announcing itself; our own server sends one as its seq 0)
+    replay: bool = False  # a replay endpoint is configured
+
+
+class ReplayFailed(Exception):
+    """The replay socket did not answer in time (or refused the request)."""
+
+
+class KVEventSubscriber:
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        on_batch: Callable[[int, EventBatch], None] | None = None,
+        on_status: Callable[[SubscriberStatus], None] | None = None,
+        backoff: tuple[float, float] = (0.5, 10.0),
+        silent_after_s: float = 10.0,
+        replay_timeout_s: float = 2.0,
+        heartbeat_s: float = 2.0,
+    ) -> None:
+        lo, hi = backoff
+        if not 0 < lo <= hi:
+            raise ValueError(f"backoff must be (first, cap) with 0 < first <= cap, got {backoff!r}")
+        self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
+        self.topic = topic.encode("utf-8")
+        self.on_batch = on_batch or (lambda seq, batch: None)
+        self.on_status = on_status or (lambda status: None)
+        self.backoff = (lo, hi)
+        self.silent_after_s = silent_after_s
+        self.replay_timeout_s = replay_timeout_s
+        self.heartbeat_s = heartbeat_s
+        self._lock = threading.Lock()
+        self._status = SubscriberStatus(
+            "connecting", None, 0, 0, 0, 0, "", time.time(), replay=bool(replay_endpoint)
+        )
+        self._reported_at = 0.0
+        self._report_pending = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Thread-owned stream state.
+        self._expected: int | None = None  # next seq to apply
+        self._last_live: int | None = None  # last seq seen on the PUB socket
+        self._last_payload: bytes | None = None  # payload of seq _expected - 1, to verify
+        self._verify = False  # after a reconnect: check the server is the one we followed
+        self._replay_delay = lo
+        self._replay_after = 0.0  # monotonic; replays wait for this after a failure
+        self._connected_at = 0.0
+        self._was_connected = False
+        self._last_frame_mono = 0.0
+        self._ctx: zmq.Context | None = None
+        self._dealer: zmq.Socket | None = None
+
+    # ---- public ------------------------------------------------------------------------
+    def start(self) -> KVEventSubscriber:
+        if self._thread is not None:
+            raise RuntimeError("KVEventSubscriber.start() called twice")
+        self._thread = threading.Thread(target=self._run, name="kvscope-kv-sub", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._set(state="stopped", connected=False, retry_at=None)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def status(self) -> SubscriberStatus:
+        with self._lock:
+            return self._status
+
+    # ---- status ------------------------------------------------------------------------
+    def _set(self, **changes) -> None:
+        with self._lock:
+            old = self._status
+            if old.state == "stopped" and changes.get("state", "stopped") != "stopped":
+                return
+            new = replace(old, **changes)
+            if new.state != old.state:
+                new = replace(new, since=time.time())
+            self._status = new
+        seq_only = all(k in ("last_seq", "batches", "last_frame_at") for k in changes)
+        now = time.monotonic()
+        if new == old:
+            return
+        if seq_only and now - self._reported_at < STATUS_EVERY_S:
+            self._report_pending = True  # _tick reports it once STATUS_EVERY_S has passed
+            return
+        self._report_pending = False
+        self._reported_at = now
+        try:
+            self.on_status(new)
+        except Exception:  # the consumer's bug must not end the stream
+            log.exception("KV subscriber on_status callback failed")
+
+    def _bump(self, name: str, by: int = 1, error: str | None = None) -> None:
+        status = self.status()
+        changes = {name: getattr(status, name) + by}
+        if error is not None:
+            changes["error"] = error
+        self._set(**changes)
+
+    # ---- the thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        delay = self.backoff[0]
+        while not self._stop.is_set():
+            ctx = zmq.Context()
+            try:
+                self._serve(ctx)
+                delay = self.backoff[0]
+            except Exception as e:  # a socket error, or our own bug: never end the thread
+                if not isinstance(e, zmq.ZMQError):
+                    log.exception("KV subscriber for %s failed; starting over", self.endpoint)
+                self._set(
+                    state="connecting",
+                    connected=False,
+                    error=f"KV events {self.endpoint}: {e}",
+                    retry_at=time.time() + delay,
+                )
+                self._stop.wait(delay)
+                delay = min(delay * 2, self.backoff[1])
+            finally:
+                ctx.destroy(linger=0)
+        self._set(state="stopped", connected=False, retry_at=None)
+
+    def _socket(
+        self, ctx: zmq.Context, kind: int, endpoint: str, connect: bool = True
+    ) -> zmq.Socket:
+        sock = ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, int(self.backoff[0] * 1000))
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.backoff[1] * 1000))
+        ms = int(self.heartbeat_s * 1000)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ms)
+        if kind == zmq.SUB:
+            sock.setsockopt(zmq.SUBSCRIBE, self.topic)
+            sock.setsockopt(zmq.RCVHWM, 100_000)
+        if connect:
+            sock.connect(endpoint)
+        return sock
+
+    def _serve(self, ctx: zmq.Context) -> None:
+        sub = self._socket(ctx, zmq.SUB, self.endpoint, connect=False)
+        # The monitor before the connect: a fast connection must not beat it to the event.
+        monitor = sub.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+        )
+        sub.connect(self.endpoint)
+        self._ctx = ctx
+        self._dealer = None
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                ready = dict(poller.poll(int(POLL_S * 1000)))
+                if monitor in ready:
+                    self._on_monitor(monitor)
+                if sub in ready:
+                    for _ in range(1000):  # a bounded drain, so stop and liveness stay prompt
+                        try:
+                            frames = sub.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._on_live(frames)
+                        if self._stop.is_set():
+                            break
+                self._tick()
+        finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+            if self._dealer is not None:
+                self._dealer.close(linger=0)
+
+    def _on_monitor(self, monitor: zmq.Socket) -> None:
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_CONNECTED:
+                reconnect = self._expected is not None
+                self._was_connected = True
+                self._connected_at = time.monotonic()
+                self._set(state="live", connected=True, retry_at=None, retry_in_s=None, error="")
+                if reconnect:
+                    self._verify = True  # same server, or a new one counting from 0?
+                self._sync_on_connect()
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self._set(
+                    state="connecting",
+                    connected=False,
+                    error=f"connection to {self.endpoint} lost; reconnecting",
+                )
+            elif kind == zmq.EVENT_CONNECT_RETRIED:
+                interval = event["value"] / 1000
+                trouble = "lost" if self._was_connected else "not reached yet"
+                self._set(
+                    state="connecting",
+                    connected=False,
+                    retry_at=time.time() + interval,
+                    retry_in_s=interval,
+                    error=f"connection to {self.endpoint} {trouble}; retrying in {interval:g} s",
+                )
+
+    def _tick(self) -> None:
+        if self._report_pending and time.monotonic() - self._reported_at >= STATUS_EVERY_S:
+            self._reported_at = time.monotonic()
+            self._report_pending = False
+            try:
+                self.on_status(self.status())
+            except Exception:
+                log.exception("KV subscriber on_status callback failed")
+        status = self.status()
+        if not status.connected:
+            return
+        last = max(self._connected_at, self._last_frame_mono)
+        quiet = time.monotonic() - last
+        state = "silent" if quiet >= self.silent_after_s else "live"
+        if state != status.state:
+            self._set(state=state)
+
+    # ---- sequence handling -------------------------------------------------------------
+    def _on_live(self, frames: list[bytes]) -> None:
+        self._last_frame_mono = time.monotonic()
+        if not self.status().connected:  # a frame proves it, whatever the monitor said
+            self._connected_at = self._last_frame_mono
+            self._was_connected = True
+            self._set(state="live", connected=True, retry_at=None)
+        self._set(last_frame_at=time.time())
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self._bump(
+                "malformed", error=f"a frame of {len(frames)} parts, not (topic, seq, payload)"
+            )
+            return
+        _, seq_bytes, payload = frames
+        seq = int.from_bytes(seq_bytes, "big", signed=True)
+        if seq < 0:
+            self._bump("malformed", error=f"a live frame with seq {seq}")
+            return
+        if self._verify:
+            self._verify_same_server()
+        if self._expected is not None and seq < self._expected:
+            if self._last_live is None or seq > self._last_live:
+                self._last_live = seq  # already applied from a replay
+                return
+            self._restarted(f"seq went back from {self._last_live} to {seq}")
+        self._last_live = seq
+        if self._expected is None:  # nothing applied yet: the history first, if it can be had
+            self._fill(seq)
+            if self._expected is None:
+                self._expected = seq  # older history unknown (first_seq says from where)
+        if seq > self._expected:
+            self._fill(seq)
+        if seq < self._expected:
+            return  # the replay brought it already
+        if seq > self._expected:  # not recovered
+            self._bump("missed", seq - self._expected)
+        self._apply(seq, payload)
+
+    def _sync_on_connect(self) -> None:
+        """On (re)connecting: the history the replay socket holds, and a restart check."""
+        if not self.replay_endpoint:
+            return
+        if self._verify:
+            self._verify_same_server()
+            if self._verify:
+                return  # the check could not run; retried on the next frame
+        start = 0 if self._expected is None else self._expected
+        try:
+            self._replay_into(start, until=None)
+        except ReplayFailed as e:
+            self._set(error=str(e))
+
+    def _verify_same_server(self) -> None:
+        if self._expected is None or self._expected == 0 or self._last_payload is None:
+            self._verify = False
+            return
+        if not self.replay_endpoint:
+            self._verify = False
+            return
+        if time.monotonic() < self._replay_after:
+            return  # backing off after a failed replay; checked again on a later frame
+        last = self._expected - 1
+        try:
+            frames = self._request(last)
+        except ReplayFailed as e:
+            self._set(error=str(e))
+            return
+        self._verify = False
+        first = frames[0] if frames else None
+        if first is None or first[0] != last or first[1] != self._last_payload:
+            self._restarted(f"after reconnecting, seq {last} is not the batch we applied")
+            try:
+                self._replay_into(0, until=None)  # the new server's history
+            except ReplayFailed as e:
+                self._set(error=str(e))
+            return
+        self._deliver(frames[1:], until=None)
+
+    def _restarted(self, why: str) -> None:
+        log.info("KV events %s: server restarted (%s)", self.endpoint, why)
+        self._bump("restarts", error=f"server restarted: {why}")
+        self._expected = 0
+        self._last_live = None
+        self._last_payload = None
+        self._set(first_seq=None)
+        self._emit(RESTART_SEQ, EventBatch(ts=time.time(), events=[AllBlocksCleared()]))
+
+    def _fill(self, upto: int) -> None:
+        """Seqs _expected .. upto-1 from the replay socket (and whatever follows them)."""
+        if not self.replay_endpoint or time.monotonic() < self._replay_after:
+            return
+        try:
+            self._replay_into(self._expected or 0, until=None)
+        except ReplayFailed as e:
+            self._set(error=str(e))
+
+    def _replay_into(self, start: int, until: int | None) -> None:
+        self._deliver(self._request(start), until)
+
+    def _deliver(self, frames: list[tuple[int, bytes]], until: int | None) -> None:
+        for seq, payload in frames:
+            if until is not None and seq >= until:
+                break
+            if self._expected is None:
+                self._expected = seq  # the oldest batch the server still buffers
+            if seq < self._expected:
+                continue
+            if seq > self._expected:
+                self._bump("missed", seq - self._expected)
+            self._apply(seq, payload)
+            self._bump("recovered")
+
+    def _request(self, start: int) -> list[tuple[int, bytes]]:
+        """Ask the replay socket for every buffered batch from `start`; [(seq, payload)]."""
+        if self._dealer is None:
+            self._dealer = self._socket(self._ctx, zmq.DEALER, self.replay_endpoint)
+        dealer = self._dealer
+        try:
+            dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
+            frames: list[tuple[int, bytes]] = []
+            deadline = time.monotonic() + self.replay_timeout_s
+            while not self._stop.is_set():
+                if not dealer.poll(int(POLL_S * 1000)):
+                    if time.monotonic() > deadline:
+                        raise ReplayFailed(
+                            f"replay {self.replay_endpoint} gave no answer within "
+                            f"{self.replay_timeout_s:g} s"
+                        )
+                    continue
+                parts = dealer.recv_multipart()
+                deadline = time.monotonic() + self.replay_timeout_s
+                if len(parts) != 3 or len(parts[1]) != 8:
+                    self._bump("malformed", error=f"a replay frame of {len(parts)} parts")
+                    continue
+                seq = int.from_bytes(parts[1], "big", signed=True)
+                if seq == END_SEQ:
+                    self._replay_delay = self.backoff[0]
+                    return frames
+                frames.append((seq, parts[2]))
+            raise ReplayFailed("stopped during a replay")
+        except (ReplayFailed, zmq.ZMQError) as e:
+            # A late answer to this request must not pass for the next one's: a fresh DEALER.
+            dealer.close(linger=0)
+            self._dealer = None
+            self._replay_after = time.monotonic() + self._replay_delay
+            self._replay_delay = min(self._replay_delay * 2, self.backoff[1])
+            if isinstance(e, ReplayFailed):
+                raise
+            raise ReplayFailed(f"replay {self.replay_endpoint}: {e}") from None
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        self._expected = seq + 1
+        self._last_payload = payload
+        if self.status().first_seq is None:
+            self._set(first_seq=seq)
+        try:
+            batch = decode_batch(payload)
+        except MalformedFrame as e:
+            self._bump("malformed", error=f"seq {seq}: {e}")
+            return
+        self._emit(seq, batch)
+
+    def _emit(self, seq: int, batch: EventBatch) -> None:
+        try:
+            self.on_batch(seq, batch)
+        except Exception as e:  # the consumer's bug must not end the stream
+            log.exception("KV subscriber on_batch callback failed")
+            self._set(error=f"on_batch failed at seq {seq}: {e}")
+        if seq < 0:
+            return
+        status = self.status()
+        changes = {"last_seq": seq, "batches": status.batches + 1}
+        if status.first_seq != seq and any(isinstance(e, AllBlocksCleared) for e in batch.events):
+            changes["resets"] = status.resets + 1
+        self._set(**changes)

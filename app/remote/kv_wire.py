@@ -1,0 +1,190 @@
+"""Decode one KV event payload as vLLM publishes it, into plain frozen dataclasses.
+
+vLLM's schema (vllm/distributed/kv_events.py; our publisher app/serve/kv_events.py mirrors it):
+a batch `[ts, events, data_parallel_rank?]` (always array-like), each event a tagged struct
+`BlockStored` / `BlockRemoved` / `AllBlocksCleared` in one of two layouts:
+
+- array (vLLM's example subscriber, releases before vllm-project/vllm#42892):
+  `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+  lora_name, extra_keys?, group_idx?, ...]`, fields by position after the tag;
+- map (later releases): `{"type": "BlockStored", "block_hashes": ..., ...}`.
+
+We decode the msgpack generically (msgspec without a type) and pick fields ourselves, so that
+both layouts, unknown trailing fields (a newer vLLM appends them) and unknown map keys are
+read without a schema change, and fields an older vLLM lacks take their defaults. Anything
+that does not fit raises MalformedFrame with a short reason; the subscriber counts it and
+carries on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+
+class MalformedFrame(ValueError):
+    """A payload that is not a KV event batch; the message says what was wrong."""
+
+
+BlockHash = int | bytes
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    group_idx: int = 0
+    medium: str | None = None
+    lora_name: str | None = None
+    lora_id: int | None = None
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    block_hashes: list[BlockHash]
+    group_idx: int = 0
+    medium: str | None = None
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+Event = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True)
+class EventBatch:
+    ts: float
+    events: list[Event] = field(default_factory=list)
+    dp_rank: int | None = None
+
+
+# Positional field order after the tag, as vLLM declares them (array layout). Fields past the
+# end of these lists are a newer vLLM's additions and are ignored.
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+)
+_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+_REQUIRED = {
+    "BlockStored": ("block_hashes", "token_ids", "block_size"),
+    "BlockRemoved": ("block_hashes",),
+    "AllBlocksCleared": (),
+}
+_FIELDS = {"BlockStored": _STORED_FIELDS, "BlockRemoved": _REMOVED_FIELDS, "AllBlocksCleared": ()}
+
+_decoder = msgspec.msgpack.Decoder()
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    """One PUB payload (or replayed payload) -> EventBatch; raises MalformedFrame."""
+    try:
+        raw = _decoder.decode(payload)
+    except msgspec.DecodeError as e:
+        raise MalformedFrame(f"not msgpack: {e}") from None
+    if isinstance(raw, dict):  # tolerate a map-encoded batch too
+        raw = [raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")]
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise MalformedFrame(f"a batch is [ts, events, ...], got {type(raw).__name__}")
+    ts, events = raw[0], raw[1]
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+        raise MalformedFrame(f"batch ts must be a number, got {ts!r:.40}")
+    if not isinstance(events, list):
+        raise MalformedFrame(f"batch events must be a list, got {type(events).__name__}")
+    dp_rank = raw[2] if len(raw) > 2 else None
+    if dp_rank is not None and not _is_int(dp_rank):
+        raise MalformedFrame(f"data_parallel_rank must be an int or nil, got {dp_rank!r:.40}")
+    return EventBatch(
+        ts=float(ts), events=[_event(e, i) for i, e in enumerate(events)], dp_rank=dp_rank
+    )
+
+
+def _event(raw: Any, index: int) -> Event:
+    if isinstance(raw, list):
+        if not raw or not isinstance(raw[0], str):
+            raise MalformedFrame(f"event {index}: an array event starts with its tag")
+        tag = raw[0]
+        names = _FIELDS.get(tag)
+        if names is None:
+            raise MalformedFrame(f"event {index}: unknown event type {tag!r:.40}")
+        values = dict(zip(names, raw[1:], strict=False))
+    elif isinstance(raw, dict):
+        tag = raw.get("type")
+        if tag not in _FIELDS:
+            raise MalformedFrame(f"event {index}: unknown event type {tag!r:.40}")
+        values = raw
+    else:
+        raise MalformedFrame(f"event {index}: expected an array or map, got {type(raw).__name__}")
+    missing = [name for name in _REQUIRED[tag] if name not in values]
+    if missing:
+        raise MalformedFrame(f"event {index} ({tag}): missing {', '.join(missing)}")
+    if tag == "AllBlocksCleared":
+        return AllBlocksCleared()
+    hashes = _hashes(values["block_hashes"], index, tag)
+    group = values.get("group_idx")
+    group = 0 if group is None else group
+    if not _is_int(group) or group < 0:
+        raise MalformedFrame(
+            f"event {index} ({tag}): group_idx must be an int >= 0, got {group!r:.40}"
+        )
+    medium = _opt_str(values.get("medium"), "medium", index, tag)
+    if tag == "BlockRemoved":
+        return BlockRemoved(block_hashes=hashes, group_idx=group, medium=medium)
+    parent = values.get("parent_block_hash")
+    if parent is not None and not _is_hash(parent):
+        raise MalformedFrame(
+            f"event {index} ({tag}): parent_block_hash {parent!r:.40} is not a hash"
+        )
+    tokens = values["token_ids"]
+    if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
+        raise MalformedFrame(f"event {index} ({tag}): token_ids must be a list of ints")
+    block_size = values["block_size"]
+    if not _is_int(block_size) or block_size <= 0:
+        raise MalformedFrame(
+            f"event {index} ({tag}): block_size must be > 0, got {block_size!r:.40}"
+        )
+    lora_id = values.get("lora_id")
+    return BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=parent,
+        token_ids=tokens,
+        block_size=block_size,
+        group_idx=group,
+        medium=medium,
+        lora_name=_opt_str(values.get("lora_name"), "lora_name", index, tag),
+        lora_id=lora_id if _is_int(lora_id) else None,
+    )
+
+
+def _hashes(raw: Any, index: int, tag: str) -> list[BlockHash]:
+    if not isinstance(raw, list) or not all(_is_hash(h) for h in raw):
+        raise MalformedFrame(f"event {index} ({tag}): block_hashes must be a list of ints or bytes")
+    return raw
+
+
+def _opt_str(value: Any, name: str, index: int, tag: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise MalformedFrame(
+        f"event {index} ({tag}): {name} must be a string or nil, got {value!r:.40}"
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_hash(value: Any) -> bool:
+    return _is_int(value) or isinstance(value, bytes)

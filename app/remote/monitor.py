@@ -1,0 +1,199 @@
+"""Watch one replica: its KV events into a RemoteCache, its /metrics polled over HTTP. Threads
+only, no Qt: the GUI takes `snapshot()` on a timer, which copies under a lock and reuses the
+last cache copy while nothing changed, so it stays cheap at 4 Hz.
+
+The poller backs off exponentially (poll_s doubling up to BACKOFF_CAP_S) while the server does
+not answer, and says why in `http_error` ("ConnectError: ...", "HTTP 401 from /metrics").
+Requests use short timeouts, so `stop()` returns within about a second whatever the server
+does."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from app.remote.block_hashes import ALGOS, DEFAULT_ALGO, BlockHasher, hasher_for
+from app.remote.connection import Connection
+from app.remote.kv_subscriber import KVEventSubscriber, SubscriberStatus
+from app.remote.kv_wire import EventBatch
+from app.remote.metrics_scrape import MetricsParseError, RemoteMetrics, parse_metrics
+from app.remote.remote_cache import RemoteCache
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 1.0
+READ_TIMEOUT_S = 2.0
+BACKOFF_CAP_S = 15.0
+METRICS_HISTORY = 900  # scrapes kept (15 min at 1 Hz)
+
+
+@dataclass(frozen=True)
+class ReplicaSnapshot:
+    connection: Connection
+    status: SubscriberStatus | None  # None: no KV events endpoint configured
+    http_state: str  # "connecting" | "up" | "down"
+    http_error: str
+    metrics: RemoteMetrics | None
+    metrics_history: list[tuple[float, RemoteMetrics]]
+    cache: RemoteCache
+    block_size: int | None
+    model: str | None
+    hasher: BlockHasher | None = None  # None: block hashes not reproducible (routing by tokens)
+    hash_note: str = ""  # why (or how) the hashes are reproduced
+    http_retry_at: float | None = None  # time.time() of the next poll while down
+    models: tuple[str, ...] = field(default_factory=tuple)  # from /v1/models
+
+
+class ReplicaMonitor:
+    def __init__(self, connection: Connection, poll_s: float = 1.0, **subscriber_options) -> None:
+        self.connection = connection
+        self.poll_s = poll_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._cache = RemoteCache(connection.label)
+        self._copy: RemoteCache | None = None
+        self._copy_version = -1
+        self._metrics: RemoteMetrics | None = None
+        self._history: list[tuple[float, RemoteMetrics]] = []
+        self._http_state = "connecting"
+        self._http_error = ""
+        self._http_retry_at: float | None = None
+        self._models: tuple[str, ...] = ()
+        self._subscriber: KVEventSubscriber | None = None
+        if connection.kv_events:
+            self._subscriber = KVEventSubscriber(
+                connection.kv_events,
+                connection.kv_replay,
+                connection.topic,
+                on_batch=self._on_batch,
+                **subscriber_options,
+            )
+        self._poller = threading.Thread(target=self._poll, name="kvscope-metrics", daemon=True)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start(self) -> ReplicaMonitor:
+        if self._subscriber is not None:
+            self._subscriber.start()
+        self._poller.start()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Ends both threads; waits at most `timeout` (0: signal and return at once, the
+        threads finish on their own within a poll timeout)."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        if self._subscriber is not None:
+            self._subscriber.stop(timeout)
+        if self._poller.is_alive():
+            self._poller.join(max(0.0, deadline - time.monotonic()))
+
+    def alive(self) -> bool:
+        """Whether either thread still runs (after stop(): until they have wound down)."""
+        sub = self._subscriber
+        return self._poller.is_alive() or (sub is not None and sub.alive())
+
+    # ---- the subscriber's thread ---------------------------------------------------------
+    def _on_batch(self, seq: int, batch: EventBatch) -> None:
+        with self._lock:
+            self._cache.apply(batch, time.time())
+
+    # ---- the poller's thread -------------------------------------------------------------
+    def _poll(self) -> None:
+        headers = (
+            {"Authorization": f"Bearer {self.connection.api_key}"}
+            if self.connection.api_key
+            else {}
+        )
+        timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        delay = self.poll_s
+        with httpx.Client(base_url=self.connection.url, headers=headers, timeout=timeout) as client:
+            while not self._stop.is_set():
+                ok = self._scrape(client)
+                delay = self.poll_s if ok else min(max(delay, self.poll_s) * 2, BACKOFF_CAP_S)
+                if not ok:
+                    with self._lock:
+                        self._http_retry_at = time.time() + delay
+                self._stop.wait(delay)
+
+    def _scrape(self, client: httpx.Client) -> bool:
+        try:
+            response = client.get("/metrics")
+            if response.status_code != 200:
+                raise _HttpStatus(f"HTTP {response.status_code} from {self.connection.url}/metrics")
+            metrics = parse_metrics(response.text)
+            if not self._models:
+                self._models = self._fetch_models(client)
+        except (httpx.HTTPError, _HttpStatus, MetricsParseError) as e:
+            error = str(e) if isinstance(e, (_HttpStatus, MetricsParseError)) else _describe(e)
+            with self._lock:
+                self._http_state, self._http_error = "down", error
+            return False
+        with self._lock:
+            self._http_state, self._http_error, self._http_retry_at = "up", "", None
+            self._metrics = metrics
+            self._history.append((metrics.scraped_at, metrics))
+            if len(self._history) > METRICS_HISTORY:
+                del self._history[: METRICS_HISTORY // 4]
+        return True
+
+    def _fetch_models(self, client: httpx.Client) -> tuple[str, ...]:
+        try:
+            response = client.get("/v1/models")
+            if response.status_code != 200:
+                return ()
+            return tuple(m["id"] for m in response.json().get("data", []) if "id" in m)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            return ()
+
+    # ---- the GUI's side ------------------------------------------------------------------
+    def snapshot(self) -> ReplicaSnapshot:
+        with self._lock:
+            if self._copy is None or self._copy_version != self._cache.version:
+                self._copy = self._cache.copy()
+                self._copy_version = self._cache.version
+            metrics = self._metrics
+            block_size = self._cache.block_size or (metrics.block_size if metrics else None)
+            model = (metrics.model if metrics else None) or (
+                self._models[0] if self._models else None
+            )
+            hasher, note = self._hasher(metrics)
+            return ReplicaSnapshot(
+                connection=self.connection,
+                # Read fresh: on_status throttles seq-only changes.
+                status=self._subscriber.status() if self._subscriber else None,
+                http_state=self._http_state,
+                http_error=self._http_error,
+                metrics=metrics,
+                metrics_history=list(self._history),
+                cache=self._copy,
+                block_size=block_size,
+                model=model,
+                hasher=hasher,
+                hash_note=note,
+                http_retry_at=self._http_retry_at,
+                models=self._models,
+            )
+
+    def _hasher(self, metrics: RemoteMetrics | None) -> tuple[BlockHasher | None, str]:
+        algo = metrics.hash_algo if metrics else None
+        seed = self.connection.hash_seed
+        if algo is not None and algo not in ALGOS:
+            return None, f"hash algorithm {algo!r} is not reproducible; matching token ids"
+        if seed is None:
+            return None, "PYTHONHASHSEED unknown: hashes not reproducible; matching token ids"
+        hasher = hasher_for(seed, algo or DEFAULT_ALGO)
+        assumed = "" if algo else " (assumed: the server does not say)"
+        return hasher, f"{(algo or DEFAULT_ALGO)}{assumed}, PYTHONHASHSEED={seed}"
+
+
+class _HttpStatus(Exception):
+    pass
+
+
+def _describe(error: Exception) -> str:
+    text = str(error) or error.__class__.__doc__ or ""
+    return f"{type(error).__name__}: {text.strip()}"
