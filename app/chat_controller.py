@@ -6,6 +6,12 @@ when sent; a reply is committed when it finishes or is stopped (partial text, ma
 a crash loses at most the reply in flight. Each chat keeps its own sampling settings (new chats
 start from the app's defaults), and a reply always reads the chat as stored, after any edit still
 waiting to be saved. The window builds the widgets and hands them here.
+
+A chat runs on this engine or on a model of a connected server (the picker above the composer;
+stored with the chat; ChatBackends finds its client). Replies on a server go through a
+RemoteChatClient, which has the engine client's surface, so sending, stopping and regenerating
+are the same code. A chat whose connection is gone keeps its history and its choice, and says
+so instead of replying.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from app.chat.chat_view import ChatView
 from app.chat.context_meter import ContextMeterFeed
 from app.chat.conversation_list import ConversationList
 from app.chat.markdown import plain_text
-from app.chat.store import ChatStore, Conversation
+from app.chat.store import ChatStore, Conversation, RemoteTarget
+from app.chat_backends import ChatBackends
 from app.engine_client import EngineClient
 from app.engine_messages import ReplyUpdate
+from app.remote.remote_models_qt import RemoteModels
 from app.request_ids import conversation_group, conversation_request_id
 from app.settings import SamplingSettings
 
@@ -40,6 +48,7 @@ class PendingReply:
     texts: list[str] = field(default_factory=list)
     selected: int = 0
     update: ReplyUpdate | None = None
+    client: object = None  # who generates it: the engine's client or a RemoteChatClient
 
 
 class ChatController(QObject):
@@ -62,9 +71,14 @@ class ChatController(QObject):
         overflow_policy: Callable[[], str],
         default_sampling: Callable[[], SamplingSettings],
         parent: QObject | None = None,
+        connections=None,
     ) -> None:
+        """`connections`: the window's ConnectionList (app/remote/connections_qt.py); None:
+        chats run on this engine only."""
         super().__init__(parent)
         self.store = store
+        self.backends = ChatBackends(client, connections, self)
+        self._backend_notice = ""  # the notice shown for a chat whose connection is gone
         self.chat = chat
         self.conversations = conversations
         self.client = client
@@ -88,8 +102,24 @@ class ChatController(QObject):
         chat.system_prompt_changed.connect(self._system_prompt_changed)
         chat.sampling.changed.connect(self._sampling_changed)
         self.context_meter = ContextMeterFeed(
-            chat.context_meter, chat, client, store.messages, lambda: self.current_id, self
+            chat.context_meter,
+            chat,
+            client,
+            store.messages,
+            lambda: self.current_id,
+            self,
+            client_for=self._counter_for,
         )
+        self.backends.client_made.connect(self.context_meter.listen)
+        self.backends.request_output.connect(self._on_output)
+        self.backends.request_failed.connect(self._on_request_failed)
+        self.remote_models: RemoteModels | None = None
+        if connections is not None:
+            self.remote_models = RemoteModels(connections, self)
+            self.remote_models.changed.connect(self._remote_models_changed)
+            chat.backend_picker.opening.connect(self.remote_models.retry_failed)
+            self._remote_models_changed()
+        chat.backend_picker.target_chosen.connect(self.set_remote)
         self.in_flight_changed.connect(self.context_meter.refresh)
         # Bound methods of this object only: a lambda would run in the worker's thread.
         client.request_output.connect(self._on_output)
@@ -101,7 +131,13 @@ class ChatController(QObject):
         ones the panel shows: the user may have set them for this first chat)."""
         none_open = self.current_id is None
         chosen = self.chat.sampling.settings() if none_open else self._default_sampling()
-        conv = self.store.create_conversation(NEW_CHAT_TITLE, sampling=chosen.params_kwargs())
+        # The model on show carries over, while its connection is there.
+        remote = self.chat.backend_picker.current_target()
+        if remote is not None and self.backends.connection_of(remote) is None:
+            remote = None
+        conv = self.store.create_conversation(
+            NEW_CHAT_TITLE, sampling=chosen.params_kwargs(), remote=remote
+        )
         self.conversations.search.clear()
         self.conversations.refresh()
         self.open_conversation(conv.id)
@@ -120,6 +156,10 @@ class ChatController(QObject):
         conv = self.store.conversation(cid) if cid is not None else None
         self.chat.set_conversation(conv, self.store.messages(cid) if conv else [])
         self.chat.sampling.set_settings(self.sampling_of(conv))
+        if conv is not None:
+            self.chat.backend_picker.set_current(conv.remote)
+        self._backend_notice = ""
+        self._show_backend_state(conv)
         self.context_meter.refresh()
         pending = self.pending.get(cid) if cid is not None else None
         self.chat.set_generating(pending is not None)
@@ -140,7 +180,7 @@ class ChatController(QObject):
         pending = self.pending.pop(conversation_id, None)
         if pending is not None:
             self._by_request.pop(pending.request_id, None)
-            self.client.stop(pending.request_id)
+            pending.client.stop(pending.request_id)
         self.store.delete_conversation(conversation_id)
         self.conversations.refresh()
         if conversation_id == self.current_id:
@@ -227,7 +267,7 @@ class ChatController(QObject):
     def stop(self, conversation_id: int) -> None:
         pending = self.pending.get(conversation_id)
         if pending is not None:
-            self.client.stop(pending.request_id)
+            pending.client.stop(pending.request_id)
 
     def stop_current(self) -> None:
         if self.current_id is not None:
@@ -242,14 +282,18 @@ class ChatController(QObject):
         conv = self.store.conversation(cid)
         turns = [{"role": m.role, "content": m.content} for m in self.store.messages(cid)]
         request_id = conversation_request_id(cid, next(self._ids))
-        self.pending[cid] = PendingReply(request_id, cid)
+        backend = self.backends.for_chat(conv)
+        self.pending[cid] = PendingReply(request_id, cid, client=backend)
         self._by_request[request_id] = cid
         params = self.sampling_of(conv).params_kwargs()
-        self.client.submit(request_id, conv.system_prompt, turns, params, self._overflow_policy())
+        if not isinstance(backend, str):
+            backend.submit(request_id, conv.system_prompt, turns, params, self._overflow_policy())
         self.conversations.set_generating(cid, True)
         if cid == self.current_id:
             self._render_current()
         self.in_flight_changed.emit()
+        if isinstance(backend, str):  # its connection is gone: fail it as a refused reply
+            self._on_request_failed(request_id, backend)
 
     # ---- the engine's answers -------------------------------------------------------------
     def _on_output(self, update: ReplyUpdate) -> None:
@@ -334,6 +378,51 @@ class ChatController(QObject):
         self.store.select_alternative(message_id, index)
         self._render_current()
 
+    # ---- where a chat runs -----------------------------------------------------------------
+    def set_remote(self, target: RemoteTarget | None) -> None:
+        """The picker's choice for the chat on show: a connection's model, or None (this
+        engine). With no chat open, the next new chat takes it."""
+        if self.current_id is not None:
+            try:
+                self.store.set_remote(self.current_id, target)
+            except (sqlite3.Error, OSError) as e:
+                self.notice_raised.emit(f"The chat's model could not be saved: {e}")
+                self._render_current()  # the picker shows the stored choice again
+                return
+        self.chat.backend_picker.set_current(target)
+        self._refresh_backend_notice()
+        self.context_meter.refresh()
+
+    def _counter_for(self, conversation_id: int | None):
+        if conversation_id is None:
+            return self.client
+        try:
+            conv = self.store.conversation(conversation_id)
+        except KeyError:  # deleted meanwhile
+            return self.client
+        backend = self.backends.for_chat(conv)
+        return f"{conv.remote.connection} is not connected" if isinstance(backend, str) else backend
+
+    def _show_backend_state(self, conv: Conversation | None) -> None:
+        """Say so in the chat when its connection is gone or no longer lists its model."""
+        entries = self.remote_models.entries() if self.remote_models is not None else []
+        message = self.backends.notice_for(conv, entries)
+        if message:
+            self._backend_notice = message
+            self.chat.show_notice(message)
+
+    def _remote_models_changed(self) -> None:
+        self.chat.backend_picker.set_entries(self.remote_models.entries())
+        self._refresh_backend_notice()
+        self.context_meter.refresh()
+
+    def _refresh_backend_notice(self) -> None:
+        if self._backend_notice and self.chat.notice.text() == self._backend_notice:
+            self.chat.clear_notice()  # shown again below if it still holds
+        self._backend_notice = ""
+        cid = self.current_id
+        self._show_backend_state(self.store.conversation(cid) if cid is not None else None)
+
     def keep_in_flight_as_stopped(self) -> None:
         """On close: replies in flight are kept as far as they got, marked stopped."""
         for pending in list(self.pending.values()):
@@ -349,6 +438,7 @@ class ChatController(QObject):
                 )
         self.pending.clear()
         self._by_request.clear()
+        self.backends.shutdown()  # remote streams close: their servers abort them
 
 
 def _title_from(text: str, limit: int = 40) -> str:

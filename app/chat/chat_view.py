@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.backend_picker import BackendPicker
 from app.chat.context_meter import ContextMeter
 from app.chat.markdown import plain_text
 from app.chat.message_bubble import MessageBubble
@@ -111,6 +112,7 @@ class ChatView(QWidget):
         self.edit_banner = QLabel(objectName="editBanner")
         self.edit_banner.setVisible(False)
         self.context_meter = ContextMeter()
+        self.backend_picker = BackendPicker()  # hidden until there is a connection
         self.composer = ComposerEdit(objectName="composer")
         self.composer.setPlaceholderText("Message the model — Enter to send, Shift+Enter newline")
         self.composer.setMaximumHeight(96)
@@ -137,6 +139,7 @@ class ChatView(QWidget):
         layout.addWidget(self.notice)
         layout.addWidget(self.sampling)
         above_composer = QHBoxLayout()
+        above_composer.addWidget(self.backend_picker)
         above_composer.addWidget(self.edit_banner, 1)
         above_composer.addWidget(self.context_meter, 0, Qt.AlignRight)
         layout.addLayout(above_composer)
@@ -219,6 +222,7 @@ class ChatView(QWidget):
 
     def set_generating(self, on: bool) -> None:
         self._generating = on
+        self.backend_picker.setEnabled(not on)  # a reply in flight keeps its server
         self.send.setVisible(not on)
         self.stop.setVisible(on)
         self._refresh_actions()

@@ -55,12 +55,22 @@ class ContextMeter(QLabel):
             f"needs room for up to {usage.reserve:,} more." + advice
         )
 
+    def show_unknown(self, why: str) -> None:
+        """A remote chat whose server cannot count (no /tokenize) or is not connected."""
+        self.setText("tokens: unknown")
+        self.setProperty("level", "ok")
+        self.setStyleSheet("")
+        self.setToolTip(f"The context this chat takes is not known here: {why}")
+
 
 class ContextMeterFeed(QObject):
     """Asks the worker for the current chat's count when something that changes it settles.
 
     `chat` is the ChatView (its system prompt box, composer, sampling panel and edit state);
     `messages_of(conversation_id)` the stored turns; `current_id()` the chat on show.
+    `client_for(conversation_id)`, when given, names who counts for that chat (the engine's
+    client, a RemoteChatClient, or a string saying why nobody can); `listen(client)` hears a
+    further client's answers.
     """
 
     def __init__(
@@ -71,9 +81,11 @@ class ContextMeterFeed(QObject):
         messages_of: Callable[[int], list],
         current_id: Callable[[], int | None],
         parent: QObject | None = None,
+        client_for: Callable[[int | None], object] | None = None,
     ) -> None:
         super().__init__(parent)
         self._meter, self._chat, self._client = meter, chat, client
+        self._client_for = client_for
         self._messages_of, self._current_id = messages_of, current_id
         self._tickets = itertools.count(1)
         self._latest = 0
@@ -85,6 +97,11 @@ class ContextMeterFeed(QObject):
         # Bound methods of this object only: a lambda would run in the worker's thread.
         client.context_usage.connect(self._on_usage)
         client.engine_ready.connect(self._on_engine_ready)
+
+    def listen(self, client) -> None:
+        """Hear the counts of another client (a remote chat's); answers go by ticket."""
+        client.context_usage.connect(self._on_usage)
+        client.context_unknown.connect(self._on_unknown)
 
     def refresh(self) -> None:
         """Count again once things settle (restarts the debounce)."""
@@ -111,8 +128,16 @@ class ContextMeterFeed(QObject):
         self._latest = next(self._tickets)
         max_tokens = self._chat.sampling.settings().max_tokens
         system_prompt = self._chat.system_prompt.toPlainText()
-        self._client.count_tokens(self._latest, system_prompt, turns, max_tokens)
+        client = self._client_for(cid) if self._client_for is not None else self._client
+        if isinstance(client, str):  # e.g. a remote chat whose connection is gone
+            self._meter.show_unknown(client)
+            return
+        client.count_tokens(self._latest, system_prompt, turns, max_tokens)
 
     def _on_usage(self, usage: ContextUsage) -> None:
         if usage.ticket == self._latest:  # an older answer would show a stale count
             self._meter.show_usage(usage)
+
+    def _on_unknown(self, ticket: int, why: str) -> None:
+        if ticket == self._latest:
+            self._meter.show_unknown(why)

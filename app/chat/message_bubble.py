@@ -16,8 +16,10 @@ def format_metrics(metrics: dict, selected: int = 0, samples: int = 1) -> str:
     """'TTFT 0.42 s · 12.3 tok/s · prompt 35 tok (16 cached) · 24 tok' from a reply's metrics.
 
     For a reply of `samples` > 1 samples the token count and the finish are those of sample
-    `selected`, the one shown; the rate is the request's, over all its samples."""
-    parts = []
+    `selected`, the one shown; the rate is the request's, over all its samples. A reply from a
+    remote server names it ("via gpu-box:8000 · model") and its TTFT is measured here, network
+    included."""
+    parts = [f"via {metrics['served_by']}"] if metrics.get("served_by") else []
     if metrics.get("ttft_s") is not None:
         parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
     if metrics.get("tokens_per_s") is not None:

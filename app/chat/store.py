@@ -40,6 +40,10 @@ _MIGRATIONS = [
     """,
     # Each chat's own sampling settings as JSON; NULL (chats from before): the app's defaults.
     "ALTER TABLE conversations ADD COLUMN sampling TEXT",
+    # The model a chat runs on when not this engine: a connection's label and a model it
+    # serves. NULL (chats from before, and local chats): the embedded engine.
+    "ALTER TABLE conversations ADD COLUMN remote_connection TEXT;"
+    "ALTER TABLE conversations ADD COLUMN remote_model TEXT",
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 STATUSES = ("complete", "stopped", "error")
@@ -53,6 +57,28 @@ class Conversation:
     created_at: float
     updated_at: float
     sampling: dict | None = None  # its own SamplingSettings fields; None: the app's defaults
+    remote_connection: str | None = None  # a connection's label; None: this engine
+    remote_model: str | None = None
+
+    @property
+    def remote(self) -> RemoteTarget | None:
+        """The connection's model the chat runs on; None: the embedded engine."""
+        if self.remote_connection and self.remote_model:
+            return RemoteTarget(self.remote_connection, self.remote_model)
+        return None
+
+
+@dataclass(frozen=True)
+class RemoteTarget:
+    """A model on a connection, by the connection's label (no URL or key is stored with
+    chats: the connection may be made again, with another key, and the chat still finds it)."""
+
+    connection: str
+    model: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.connection} · {self.model}"
 
 
 @dataclass(frozen=True)
@@ -108,14 +134,19 @@ class ChatStore:
 
     # ---- conversations -------------------------------------------------------------------
     def create_conversation(
-        self, title: str = "New chat", system_prompt: str = "", sampling: dict | None = None
+        self,
+        title: str = "New chat",
+        system_prompt: str = "",
+        sampling: dict | None = None,
+        remote: RemoteTarget | None = None,
     ) -> Conversation:
         now = time.time()
+        where = (remote.connection, remote.model) if remote else (None, None)
         with self._tx():
             cur = self._db.execute(
                 "INSERT INTO conversations (title, system_prompt, created_at, updated_at, "
-                "sampling) VALUES (?, ?, ?, ?, ?)",
-                (title, system_prompt, now, now, _json_or_null(sampling)),
+                "sampling, remote_connection, remote_model) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (title, system_prompt, now, now, _json_or_null(sampling), *where),
             )
         return self.conversation(cur.lastrowid)
 
@@ -158,6 +189,17 @@ class ChatStore:
             cur = self._db.execute(
                 "UPDATE conversations SET sampling = ? WHERE id = ?",
                 (_json_or_null(sampling), conversation_id),
+            )
+        if cur.rowcount == 0:
+            raise KeyError(f"conversation {conversation_id} does not exist")
+
+    def set_remote(self, conversation_id: int, target: RemoteTarget | None) -> None:
+        """Run the chat on a connection's model (None: this engine); keeps the chat's place."""
+        values = (target.connection, target.model) if target else (None, None)
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE conversations SET remote_connection = ?, remote_model = ? WHERE id = ?",
+                (*values, conversation_id),
             )
         if cur.rowcount == 0:
             raise KeyError(f"conversation {conversation_id} does not exist")
