@@ -142,6 +142,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--demo", type=int, default=None, metavar="N", help="run N demo chats")
     parser.add_argument("--screenshot", default=None, metavar="PNG", help="save the window")
+    remote = parser.add_argument_group(
+        "remote servers", "watch and chat with OpenAI-compatible servers (vLLM, kvscope serve)"
+    )
+    remote.add_argument(
+        "--connect", action="append", default=[], metavar="URL", help="e.g. http://host:8000"
+    )
+    remote.add_argument(
+        "--kv-events",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="the server's KV events (ZMQ PUB, e.g. tcp://host:5557), in --connect order",
+    )
+    remote.add_argument(
+        "--kv-replay",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="its replay socket (ZMQ ROUTER), in --connect order",
+    )
+    remote.add_argument(
+        "--api-key", action="append", default=[], help="one for all, or one per --connect"
+    )
     sub = parser.add_subparsers(dest="command")
     gen = sub.add_parser("generate", help="complete one prompt and print it")
     gen.add_argument("prompt")
@@ -257,9 +280,45 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(args)
     if args.screenshot and not os.environ.get("DISPLAY") and sys.platform.startswith("linux"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    try:
+        connections = connections_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from app.window import run_window
 
-    return run_window(demo=args.demo, screenshot=args.screenshot)
+    return run_window(demo=args.demo, screenshot=args.screenshot, connections=connections)
+
+
+def connections_from_args(args) -> list:
+    """--connect URL ... with --kv-events / --kv-replay / --api-key paired by order."""
+    from app.remote.connection import ConnectionSpecError, parse_connection
+
+    urls = args.connect
+    for flag, values in (("--kv-events", args.kv_events), ("--kv-replay", args.kv_replay)):
+        if len(values) > len(urls):
+            raise ConnectionSpecError(f"{len(values)} {flag} for {len(urls)} --connect")
+    keys = args.api_key
+    if len(keys) not in (0, 1, len(urls)):
+        raise ConnectionSpecError(
+            f"{len(keys)} --api-key for {len(urls)} --connect: give 1 or each"
+        )
+    env_key = os.environ.get("KVSCOPE_API_KEY", "")
+    found = []
+    for i, url in enumerate(urls):
+        key = keys[i] if len(keys) == len(urls) else (keys[0] if keys else env_key)
+        found.append(
+            parse_connection(
+                url,
+                kv_events=args.kv_events[i] if i < len(args.kv_events) else None,
+                kv_replay=args.kv_replay[i] if i < len(args.kv_replay) else None,
+                api_key=key,
+            )
+        )
+    labels = [c.label for c in found]
+    if len(set(labels)) != len(labels):
+        raise ConnectionSpecError(f"the same server is given twice: {labels}")
+    return found
 
 
 if __name__ == "__main__":

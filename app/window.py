@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QSplitter,
+    QTabWidget,
 )
 
 from app.chat.chat_view import ChatView
@@ -30,6 +31,10 @@ from app.map_column import MapColumn
 from app.model_discovery import remember_model
 from app.paths import ASSETS_DIR, data_dir
 from app.recording_controls import RecordingControls
+from app.remote.connection import Connection
+from app.remote.connections_qt import ConnectionList
+from app.remote_view.connect_dialog import add_connect_action
+from app.remote_view.view import RemoteView
 from app.request_ids import conversation_of_group, group_of
 from app.server_controls import ServerControls
 from app.settings import (
@@ -58,7 +63,9 @@ class MainWindow(QMainWindow):
         loaded_model=None,
         store_path=None,
         persist_settings: bool = True,
+        connections: list[Connection] = (),
     ) -> None:
+        """`connections`: remote servers to watch and chat with (kvscope --connect)."""
         super().__init__()
         self.setWindowTitle("KVScope")
         self.resize(1400, 860)
@@ -78,6 +85,9 @@ class MainWindow(QMainWindow):
         self._map_paused = False
         self._quit_confirmed = False
         self._telemetry_due = False
+        self.connections = ConnectionList(self)  # remote servers: app/remote/
+        for connection in connections:
+            self.connections.add(connection)
 
         # Before the layout: its fixed heights come from the styled widgets.
         self.theme = theme_keeper()
@@ -94,6 +104,7 @@ class MainWindow(QMainWindow):
             overflow_policy=lambda: self.settings.overflow_policy,
             default_sampling=lambda: self.settings.sampling,
             parent=self,
+            connections=self.connections,  # chats may run on a connection's model
         )
         self.chats.in_flight_changed.connect(self._update_state)
         self.chats.group_labels_changed.connect(self.blockmap.set_group_labels)
@@ -116,6 +127,7 @@ class MainWindow(QMainWindow):
         add_engine_actions(self, self.recording.actions())
         self.server = ServerControls(self, self.client, self.show_error, self._show_notice)
         add_engine_actions(self, self.server.actions())
+        self.connect_action = add_connect_action(self, self.connections)
         self.status.addPermanentWidget(self.recording.button)
         self._connect_engine()
         self.client.start()
@@ -144,15 +156,34 @@ class MainWindow(QMainWindow):
         self.loadgen_panel = right.loadgen_panel
         self.loadgen_toggle = right.loadgen_toggle
 
+        # The local engine's map, and beside it (a tab) what connected servers' caches hold.
+        # The tab bar shows once there is a connection, so the window without one keeps the
+        # block map's full height.
+        self.remote_view = RemoteView(self.connections, parent=self)
+        self.remote_view.hide()
+        self.map_tabs = QTabWidget(objectName="mapTabs", documentMode=True, tabBarAutoHide=True)
+        self.map_tabs.addTab(right, "This engine")
+        self._show_remote_tab()
+        self.connections.changed.connect(self._show_remote_tab)
+
         splitter = QSplitter(Qt.Horizontal, objectName="mainSplitter")
         splitter.addWidget(self.conversations)
         splitter.addWidget(self.chat)
-        splitter.addWidget(right)
+        splitter.addWidget(self.map_tabs)
         splitter.setStretchFactor(1, 2)
         splitter.setStretchFactor(2, 3)
         self.splitter = splitter
         self._sized = False
         self.setCentralWidget(splitter)
+
+    def _show_remote_tab(self) -> None:
+        """The remote view's tab exists while there are connections, and a new one shows it."""
+        index = self.map_tabs.indexOf(self.remote_view)
+        if len(self.connections) and index < 0:
+            self.map_tabs.addTab(self.remote_view, "Remote servers")
+            self.map_tabs.setCurrentWidget(self.remote_view)
+        elif not len(self.connections) and index >= 0:
+            self.map_tabs.removeTab(index)
 
     def _connect_engine(self) -> None:
         # Bound methods of this window only: a lambda would run in the worker's thread.
@@ -337,6 +368,7 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         self.chats.keep_in_flight_as_stopped()
+        self.remote_view.shutdown()
         self.client.shutdown()
         self.store.close()
         super().closeEvent(event)
@@ -349,7 +381,9 @@ def set_app_icon(app: QApplication) -> None:
         app.setWindowIcon(QIcon(str(icon)))
 
 
-def run_window(demo: int | None = None, screenshot: str | None = None) -> int:
+def run_window(
+    demo: int | None = None, screenshot: str | None = None, connections: list[Connection] = ()
+) -> int:
     app = QApplication.instance() or QApplication([])
     app.setApplicationName("KVScope")
     set_app_icon(app)
@@ -357,7 +391,7 @@ def run_window(demo: int | None = None, screenshot: str | None = None) -> int:
         from app.demo import run_demo
 
         return run_demo(app, demo, screenshot)
-    window = MainWindow()
+    window = MainWindow(connections=connections)
     window.show()
     if screenshot:  # a picture of the window with the model loaded, then exit
 

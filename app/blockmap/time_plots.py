@@ -7,11 +7,10 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QWidget
 
 from app.blockmap import colors
-from app.blockmap.plot_title import wrap_title
+from app.blockmap.plot_title import style_rolling_plot
 
 WINDOW_S = 120.0
 REDRAW_S = 0.5  # samples come ~10 times a second; a two-minute plot needs far fewer redraws
@@ -83,32 +82,17 @@ class TimePlots(pg.GraphicsLayoutWidget):
         self._n = 0
         self._drawn_at = -math.inf
         self.curves: dict[str, pg.PlotDataItem] = {}
-        tick_font = QFont()
-        tick_font.setPointSize(7)
         for i, (title, unit, y_range, series) in enumerate(PLOTS):
             if i and i % columns == 0:
                 self.nextRow()
             plot = self.addPlot(title=_title(title, unit, series))
             plot.titleLabel.setAttr("size", "8pt")
             # A long title wraps rather than widening the plots or overlapping its neighbour.
-            wrap_title(plot)
-            plot.setMinimumWidth(0)
-            plot.setMenuEnabled(False)
-            plot.setMouseEnabled(x=False, y=False)
-            plot.hideButtons()
-            plot.showGrid(x=True, y=True, alpha=0.15)
-            plot.setXRange(-WINDOW_S, 0, padding=0)
+            style_rolling_plot(plot, WINDOW_S, y_range)
             if isinstance(y_range, tuple):
-                plot.setYRange(*y_range, padding=0.06)
                 ticks = [(v, f"{v:g}") for v in np.linspace(*y_range, 3)]
                 plot.getAxis("left").setTicks([ticks, []])
                 plot.getAxis("left").setStyle(hideOverlappingLabels=False)
-            else:
-                plot.setYRange(0, y_range, padding=0)
-            for axis in ("left", "bottom"):
-                plot.getAxis(axis).setTextPen("#8C94A3")
-                plot.getAxis(axis).setPen("#3A404C")
-                plot.getAxis(axis).setStyle(tickFont=tick_font, tickTextOffset=3)
             plot.getAxis("left").setWidth(36)
             for key, _name, color, style in series:
                 pen = pg.mkPen(color, width=1.6, style=style or Qt.PenStyle.SolidLine)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,43 @@ def test_terminal_generate_answers(tmp_path):
     prompt = "What is the capital of France?"
     r = run([EXE, "generate", prompt, "--chat", "--max-tokens", "12"], env)
     assert "Paris" in r.stdout
+
+
+def test_bundled_server_answers_openai_clients(tmp_path):
+    """`kvscope serve` frozen: FastAPI (pydantic), uvicorn's run-time imports and the ZMQ KV
+    events all load; /v1/models and /tokenize answer."""
+    import json
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = clean_env(tmp_path / "home", KVSCOPE_DATA_DIR=str(tmp_path / "data"))
+    args = [EXE, "serve", "--port", str(port), "--kv-events", "tcp://127.0.0.1:*"]
+    server = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(base + "/v1/models", timeout=2) as r:
+                    models = json.loads(r.read())
+                break
+            except OSError:
+                assert server.poll() is None, server.stdout.read().decode()[-3000:]
+                time.sleep(0.5)
+        else:
+            raise AssertionError("the bundled server did not answer")
+        body = json.dumps({"prompt": "Hello there"}).encode()
+        request = urllib.request.Request(
+            base + "/tokenize", body, {"Content-Type": "application/json"}, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=30) as r:
+            assert json.loads(r.read())["count"] > 0
+        assert models["data"][0]["id"]
+    finally:
+        server.kill()
+        server.wait(30)
 
 
 def test_loads_an_hf_model_folder(tmp_path):

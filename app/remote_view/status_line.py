@@ -1,0 +1,90 @@
+"""What one replica's status line says: its state in a word, then the KV event stream's and
+the /metrics poller's details, as plain text and a severity the card colours it by.
+
+States, most serious first: "down" (metrics unreachable and no live event stream),
+"reconnecting in N s" (the event socket lost its server; ZMQ retries with backoff),
+"silent for N s" (connected, nothing for a while, yet /metrics says requests run: events are
+not arriving), "idle for N s" (connected, nothing for a while, nothing running: the usual
+quiet server; ZMQ heartbeats would have shown a dead link as reconnecting), "live"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OK, WARN, BAD, IDLE = "ok", "warn", "bad", "idle"
+SEVERITY_HEX = {OK: "#2BB673", WARN: "#F3C300", BAD: "#E8354F", IDLE: "#8C94A3"}
+
+
+@dataclass(frozen=True)
+class StatusLine:
+    state: str  # "live", "silent for 12 s", "down", "reconnecting", "connecting", "stopped"
+    severity: str  # OK | WARN | BAD | IDLE
+    details: tuple[str, ...]  # "events seq 812", "1 restart (cache cleared)", ...
+
+    @property
+    def text(self) -> str:
+        return " · ".join((self.state, *self.details))
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
+def _events_state(status, now: float, metrics=None) -> tuple[str, str]:
+    if status is None:
+        return "connecting", IDLE
+    if status.state == "live":
+        return "live", OK
+    if status.state == "silent":
+        quiet = max(0.0, now - (status.last_frame_at or status.since))
+        if metrics is not None and (metrics.running or metrics.waiting):
+            return f"silent for {quiet:.0f} s", WARN  # requests run, yet no events come
+        return f"idle for {quiet:.0f} s", IDLE
+    if status.state == "connecting":
+        retry_at = status.retry_at
+        if not (status.error or status.last_seq is not None or retry_at):
+            return "connecting", IDLE
+        if retry_at is not None and retry_at > now:
+            return f"reconnecting in {retry_at - now:.0f} s", WARN
+        return "reconnecting", WARN
+    return status.state, IDLE
+
+
+def status_line(snapshot, now: float) -> StatusLine:
+    """`snapshot` is a ReplicaSnapshot (app/remote/monitor.py); `now` is time.time(), the
+    clock of the subscriber status's `since` / `retry_at` / `last_frame_at`."""
+    status = snapshot.status
+    has_events = snapshot.connection.kv_events is not None
+    http_down = snapshot.http_state == "down"
+    details: list[str] = []
+    if has_events:
+        state, severity = _events_state(status, now, snapshot.metrics)
+    else:
+        state, severity = ("live", OK) if snapshot.http_state == "up" else ("connecting", IDLE)
+        details.append("no KV events endpoint: metrics only")
+    if http_down and state != "live":
+        state, severity = "down", BAD
+    if http_down:
+        error = f"HTTP error: {snapshot.http_error or 'no answer'}"
+        retry_at = snapshot.http_retry_at
+        if retry_at is not None and retry_at > now:
+            error += f" (retry in {retry_at - now:.0f} s)"
+        details.append(error)
+    elif snapshot.http_state == "connecting":
+        details.append("metrics: connecting")
+    if has_events and status is not None:
+        if status.error and status.state != "live":
+            details.append(f"events: {status.error}")
+        if status.last_seq is not None:
+            details.append(f"seq {status.last_seq:,}")
+        # The subscriber's count, not the cache's clears: a publisher's first batch is an
+        # AllBlocksCleared ("the pool as it stands"), which is no restart.
+        if status.restarts:
+            details.append(_plural(status.restarts, "restart") + " (cache cleared)")
+        if status.malformed:
+            details.append(_plural(status.malformed, "malformed frame"))
+        if status.missed or status.recovered:
+            details.append(f"replayed {status.recovered:,} · lost {status.missed:,} seqs")
+        if status.missed and severity == OK:
+            severity = WARN  # the map may lack blocks it was never told about
+    return StatusLine(state, severity, tuple(details))
