@@ -158,3 +158,45 @@ def test_snapshots_reuse_the_cache_copy_until_it_changes():
     third = monitor.snapshot()
     assert third.cache is not first.cache and third.cache.num_blocks == 1
     assert first.cache.num_blocks == 0 and third.block_size == 2
+
+
+def test_a_hostile_metrics_page_is_refused_and_the_poller_recovers():
+    """A server sending a huge or binary /metrics page is shown down, naming why, without the
+    poller reading it all or dying; once the page is sane again the replica is up."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from app.remote.monitor import MAX_METRICS_BYTES
+
+    page = {"body": b"x" * (MAX_METRICS_BYTES + 1)}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = page["body"] if self.path == "/metrics" else b'{"data": []}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the poller stopped reading: what the test wants
+
+        def log_message(self, *_args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    monitor = ReplicaMonitor(parse_connection(url), poll_s=0.05).start()
+    try:
+        snap = wait_until(lambda: (s := monitor.snapshot()).http_state == "down" and s)
+        assert "over 8 MiB" in snap.http_error
+        page["body"] = bytes(range(256)) * 64  # binary junk
+        wait_until(lambda: "over 8 MiB" not in monitor.snapshot().http_error, timeout=40)
+        assert monitor.snapshot().http_state == "down" and monitor._poller.is_alive()
+        page["body"] = b'vllm:num_requests_running{model_name="m",engine="0"} 3.0\n'
+        snap = wait_until(lambda: (s := monitor.snapshot()).http_state == "up" and s, timeout=40)
+        assert snap.metrics.running == 3.0
+    finally:
+        monitor.stop()
+        httpd.shutdown()

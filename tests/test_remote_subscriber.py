@@ -80,6 +80,35 @@ def test_malformed_frames_are_counted_and_the_stream_goes_on():
         server.close()
 
 
+def test_a_frame_over_the_size_limit_drops_the_link_not_the_process(monkeypatch):
+    """A peer announcing a frame over MAX_FRAME_BYTES: ZMQ drops that connection instead of
+    this process allocating it, the subscriber reconnects, and later batches arrive."""
+    from app.remote import kv_subscriber
+
+    monkeypatch.setattr(kv_subscriber, "MAX_FRAME_BYTES", 4096)  # the limit, made small
+    server, rec = FakeKVServer(), Recorder()
+    sub = subscriber(server, rec).start()
+    try:
+        wait_until(lambda: sub.status().connected, what="a connection")
+        server.publish(payload(0))
+        wait_until(lambda: rec.seqs == [0], what="seq 0")
+        server.send_raw([b"", (1).to_bytes(8, "big"), b"\x00" * 8192])  # over the limit
+        time.sleep(0.5)  # ZMQ drops the link, then reconnects after the backoff
+        wait_until(lambda: sub.status().connected, what="a connection again", timeout=20)
+        server.next_seq = 1  # the oversized frame was seq 1, never buffered: seq 1 is anew
+
+        def later_arrives() -> bool:
+            server.publish(payload(server.next_seq))  # a live frame may meet a slow joiner
+            return rec.seqs[-1] >= 3
+
+        wait_until(later_arrives, what="batches after the dropped frame", timeout=20)
+        assert rec.seqs[:2] == [0, 1], rec.seqs  # what came after, in order
+        assert sub.alive()
+    finally:
+        stop_promptly(sub)
+        server.close()
+
+
 def test_a_replay_that_never_answers_times_out_and_the_gap_is_counted():
     server, rec = FakeKVServer(answer_replay=False), Recorder()
     sub = subscriber(server, rec, replay_timeout_s=0.3).start()

@@ -45,6 +45,7 @@ from app.remote.kv_wire import AllBlocksCleared, EventBatch, MalformedFrame, dec
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05
+MAX_FRAME_BYTES = 64 << 20  # a batch of thousands of 16-token blocks is a few MiB
 END_SEQ = -1
 RESTART_SEQ = -1  # the seq of the synthetic clearing batch delivered on a restart
 STATUS_EVERY_S = 0.25  # seq-only status changes are reported at most this often
@@ -200,6 +201,9 @@ class KVEventSubscriber:
     ) -> zmq.Socket:
         sock = ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        # A frame over this is a broken or hostile peer: ZMQ drops the connection (and
+        # reconnects) instead of this process allocating whatever the peer announces.
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         sock.setsockopt(zmq.RECONNECT_IVL, int(self.backoff[0] * 1000))
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.backoff[1] * 1000))
         ms = int(self.heartbeat_s * 1000)
@@ -221,6 +225,7 @@ class KVEventSubscriber:
         sub.connect(self.endpoint)
         self._ctx = ctx
         self._dealer = None
+        self._dropped_at: float | None = None
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -239,6 +244,8 @@ class KVEventSubscriber:
                         if self._stop.is_set():
                             break
                 self._tick()
+                if self._abandoned():
+                    return  # _run makes a fresh socket; the seqs we hold stay, gaps replay
         finally:
             sub.disable_monitor()
             monitor.close(linger=0)
@@ -253,6 +260,8 @@ class KVEventSubscriber:
             except zmq.Again:
                 return
             kind = event["event"]
+            if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_CONNECT_RETRIED):
+                self._dropped_at = None
             if kind == zmq.EVENT_CONNECTED:
                 reconnect = self._expected is not None
                 self._was_connected = True
@@ -262,6 +271,7 @@ class KVEventSubscriber:
                     self._verify = True  # same server, or a new one counting from 0?
                 self._sync_on_connect()
             elif kind == zmq.EVENT_DISCONNECTED:
+                self._dropped_at = time.monotonic()
                 self._set(
                     state="connecting",
                     connected=False,
@@ -277,6 +287,13 @@ class KVEventSubscriber:
                     retry_in_s=interval,
                     error=f"connection to {self.endpoint} {trouble}; retrying in {interval:g} s",
                 )
+
+    def _abandoned(self) -> bool:
+        """ZMQ retries a lost server by itself, but not a peer it dropped for a protocol
+        error (a frame over MAX_FRAME_BYTES): no retry event follows the disconnect. Then the
+        socket is made anew, after the longest backoff."""
+        dropped = self._dropped_at
+        return dropped is not None and time.monotonic() - dropped > self.backoff[1] + 1.0
 
     def _tick(self) -> None:
         if self._report_pending and time.monotonic() - self._reported_at >= STATUS_EVERY_S:

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 1.0
 READ_TIMEOUT_S = 2.0
 BACKOFF_CAP_S = 15.0
+MAX_METRICS_BYTES = 8 << 20  # vLLM's /metrics is tens of KiB; more is not a metrics page
 METRICS_HISTORY = 900  # scrapes kept (15 min at 1 Hz)
 
 
@@ -112,7 +113,13 @@ class ReplicaMonitor:
         delay = self.poll_s
         with httpx.Client(base_url=self.connection.url, headers=headers, timeout=timeout) as client:
             while not self._stop.is_set():
-                ok = self._scrape(client)
+                try:
+                    ok = self._scrape(client)
+                except Exception as e:  # whatever a server sends, the poller goes on
+                    log.exception("scraping %s failed", self.connection.url)
+                    with self._lock:
+                        self._http_state, self._http_error = "down", f"{type(e).__name__}: {e}"
+                    ok = False
                 delay = self.poll_s if ok else min(max(delay, self.poll_s) * 2, BACKOFF_CAP_S)
                 if not ok:
                     with self._lock:
@@ -121,10 +128,20 @@ class ReplicaMonitor:
 
     def _scrape(self, client: httpx.Client) -> bool:
         try:
-            response = client.get("/metrics")
-            if response.status_code != 200:
-                raise _HttpStatus(f"HTTP {response.status_code} from {self.connection.url}/metrics")
-            metrics = parse_metrics(response.text)
+            with client.stream("GET", "/metrics") as response:
+                if response.status_code != 200:
+                    raise _HttpStatus(
+                        f"HTTP {response.status_code} from {self.connection.url}/metrics"
+                    )
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_METRICS_BYTES:
+                        raise _HttpStatus(
+                            f"{self.connection.url}/metrics sent over "
+                            f"{MAX_METRICS_BYTES >> 20} MiB: not read further"
+                        )
+            metrics = parse_metrics(body.decode("utf-8", errors="replace"))
             if not self._models:
                 self._models = self._fetch_models(client)
         except (httpx.HTTPError, _HttpStatus, MetricsParseError) as e:
