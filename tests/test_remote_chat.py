@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.chat.store import _MIGRATIONS, SCHEMA_VERSION, ChatStore, RemoteTarget
 from app.remote.connection import parse_connection
-from app.remote.openai_http import OpenAIHttp, RemoteError, _chat_deltas, _error_text
+from app.remote.openai_http import ChatDelta, OpenAIHttp, RemoteError, _chat_deltas, _error_text
 from app.serve.server import Server
 from engine import LLM
 
@@ -345,3 +345,14 @@ def test_a_chat_whose_connection_is_gone_says_so_and_keeps_its_history(
     with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS) as done:
         window.chats.regenerate()
     assert done.args == [conv.id, "complete"]
+
+
+def test_a_delta_for_an_absurd_sample_index_is_dropped():
+    """A broken server's `index` must not grow the reply's lists to that size."""
+    from app.remote.remote_chat_qt import _Reply
+
+    reply = _Reply("r1", 1, "a · m")
+    assert reply.apply(ChatDelta(index=10**9, text="x", finish_reason="stop")) is False
+    assert reply.apply(ChatDelta(index=-1, text="y")) is False
+    reply.apply(ChatDelta(index=0, text="ok"))
+    assert reply.texts == ["ok"] and len(reply.reasons) == 1

@@ -34,6 +34,7 @@ from app.remote.openai_http import ChatDelta, OpenAIHttp, RemoteError
 STREAM_EMIT_S = 0.05
 COUNT_TIMEOUT_S = 10.0
 JOIN_ON_SHUTDOWN_S = 2.0
+MAX_SAMPLES = 16  # the most `n` the app asks for; a delta for a higher index is dropped
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class _Reply:
                 self.completion_tokens = delta.completion_tokens
                 return False
             i = delta.index
+            if not 0 <= i < MAX_SAMPLES:  # a broken server's index: nothing to grow a list to
+                return False
             if i >= len(self.texts):  # a server sending more samples than asked: keep them
                 grow = i + 1 - len(self.texts)
                 self.texts += [""] * grow
