@@ -334,6 +334,9 @@ def test_status_lines_count_silence_and_the_reconnect_backoff():
     busy = RemoteMetrics(scraped_at=now, running=2.0, waiting=0.0)
     silent = status_line(snapshot(conn, cache, quiet, metrics=[busy]), now)
     assert silent.state == "silent for 42 s" and silent.severity == "warn"  # events not coming
+    # Reconnected 5 s ago to a server whose last frame is old: quiet since the reconnect.
+    back = status("silent", since=now - 1, last_frame_at=now - 200, connected_at=now - 5)
+    assert status_line(snapshot(conn, cache, back), now).state == "idle for 5 s"
     lost = status("connecting", error="connection lost", retry_at=now + 4.2, missed=5)
     line = status_line(snapshot(conn, cache, lost), now)
     assert line.state == "reconnecting in 4 s" and line.severity == "warn"

@@ -65,6 +65,7 @@ class SubscriberStatus:
     retry_at: float | None = None  # time.time() of ZMQ's next connection attempt, when known
     retry_in_s: float | None = None  # the backoff interval that attempt waits (doubles to a cap)
     last_frame_at: float | None = None  # time.time() of the last live frame
+    connected_at: float | None = None  # time.time() of the latest connection
     batches: int = 0  # batches handed to on_batch
     first_seq: int | None = None  # the first seq we hold: > 0 means older history is unknown
     resets: int = 0  # AllBlocksCleared after the stream's first batch (a cache reset, or a
@@ -266,7 +267,14 @@ class KVEventSubscriber:
                 reconnect = self._expected is not None
                 self._was_connected = True
                 self._connected_at = time.monotonic()
-                self._set(state="live", connected=True, retry_at=None, retry_in_s=None, error="")
+                self._set(
+                    state="live",
+                    connected=True,
+                    retry_at=None,
+                    retry_in_s=None,
+                    error="",
+                    connected_at=time.time(),
+                )
                 if reconnect:
                     self._verify = True  # same server, or a new one counting from 0?
                 self._sync_on_connect()

@@ -9,6 +9,7 @@ quiet server; ZMQ heartbeats would have shown a dead link as reconnecting), "liv
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 OK, WARN, BAD, IDLE = "ok", "warn", "bad", "idle"
@@ -36,7 +37,9 @@ def _events_state(status, now: float, metrics=None) -> tuple[str, str]:
     if status.state == "live":
         return "live", OK
     if status.state == "silent":
-        quiet = max(0.0, now - (status.last_frame_at or status.since))
+        # Quiet since the last frame, or since connecting if that came later (a reconnect).
+        heard = max(status.last_frame_at or 0.0, status.connected_at or 0.0) or status.since
+        quiet = max(0.0, now - heard)
         if metrics is not None and (metrics.running or metrics.waiting):
             return f"silent for {quiet:.0f} s", WARN  # requests run, yet no events come
         return f"idle for {quiet:.0f} s", IDLE
@@ -45,7 +48,7 @@ def _events_state(status, now: float, metrics=None) -> tuple[str, str]:
         if not (status.error or status.last_seq is not None or retry_at):
             return "connecting", IDLE
         if retry_at is not None and retry_at > now:
-            return f"reconnecting in {retry_at - now:.0f} s", WARN
+            return f"reconnecting in {math.ceil(retry_at - now)} s", WARN
         return "reconnecting", WARN
     return status.state, IDLE
 
