@@ -339,7 +339,7 @@ def test_status_lines_count_silence_and_the_reconnect_backoff():
     assert status_line(snapshot(conn, cache, back), now).state == "idle for 5 s"
     lost = status("connecting", error="connection lost", retry_at=now + 4.2, missed=5)
     line = status_line(snapshot(conn, cache, lost), now)
-    assert line.state == "reconnecting in 4 s" and line.severity == "warn"
+    assert line.state == "reconnecting in 5 s" and line.severity == "warn"  # 4.2 s, rounded up
     assert "events: connection lost" in line.details and "replayed 3 · lost 5 seqs" in line.details
     metrics_only = parse_connection("http://gpu-a:8000")
     line = status_line(snapshot(metrics_only, cache, None, http_state="up"), now)
