@@ -133,9 +133,11 @@ class EngineWorker(QObject):
 
     def _build(self, settings: EngineSettings) -> None:
         from engine import LLM
+        from engine.cpu_kernels import prepare_cpu_kernels
         from engine.model.loader import load_model
 
-        self.busy.emit("Loading the model…" if self.llm is None else "Rebuilding the engine…")
+        building = "Loading the model…" if self.llm is None else "Rebuilding the engine…"
+        self.busy.emit(building)
         try:
             kwargs = settings.llm_kwargs()  # validates every knob before anything is freed
             if self._loaded is None or settings.model != self._loaded_key:
@@ -155,6 +157,9 @@ class EngineWorker(QObject):
         self.llm = None
         gc.unfreeze()
         try:
+            # A first compile of the CPU kernels (seconds) shows as such, then the build goes on.
+            prepare_cpu_kernels(settings.device, self.busy.emit)
+            self.busy.emit(building)
             llm = LLM(model=loaded, **kwargs)
         except Exception as e:
             message = _describe(e)

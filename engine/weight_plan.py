@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.planner import format_bytes
-from engine.quant.cpu_layout import INT4_GROUP_SIZES, TILE_N, int4_kernel_available
+from engine.quant.cpu_layout import INT4_GROUP_SIZES, TILE_N, gemv_wanted, int4_kernel_available
+from kernels import cpu_gemv
 
 # Per GGUF type: (bits of a code, group, super-group, sub-scales per group: 0, 1 shared, 2)
 PACKED_LAYOUTS = {
@@ -70,6 +71,8 @@ def tensor_bytes(
     else:
         return n_el * dtype_bytes
     n, k = shape
+    if layout == "cpu-int4" and gemv_wanted():  # numba's layout (kernels/cpu_gemv.py)
+        return cpu_gemv.layout_bytes(n, k, bits, group)
     if layout == "cpu-int4":
         if group not in INT4_GROUP_SIZES or not int4_kernel_available():
             return n_el * 2  # bf16 dense (Q6_K, or no int4 kernel on this CPU)

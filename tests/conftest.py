@@ -15,6 +15,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # settings, chats and cache, so that two tests at once never share a file.
     worker = os.environ["PYTEST_XDIST_WORKER"]
     os.environ["KVSCOPE_DATA_DIR"] = tempfile.mkdtemp(prefix=f"kvscope-test-{worker}-")
+# numba's compiled CPU kernels (kernels/cpu_gemv.py) outlive a session's temp data dir: compiling
+# them takes 15-30 s here, and the cache keys entries by source file and time, so it never goes
+# stale.
+os.environ.setdefault(
+    "NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "kvscope-test-numba-cache")
+)
 
 
 import pytest  # noqa: E402

@@ -21,6 +21,7 @@ ENGINE_PUBLIC: dict[str, set[str] | None] = {
     # The settings' thread row; the bench's thread sweep.
     "engine.cpu_threads": {"default_num_threads", "usable_cpus", "apply_num_threads"},
     "engine.planner": None,
+    "engine.cpu_kernels": {"prepare_cpu_kernels"},  # the worker's "compiling" status line
     "engine.device_memory": None,
     "engine.kv.snapshot": None,  # KVSnapshot and its parts, what the block map draws
     "engine.model.loader": {"load_model", "default_model_path", "LoadedModel"},

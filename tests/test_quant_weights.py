@@ -11,9 +11,11 @@ import engine.model.gguf_loader as gguf_loader
 from engine import LLM, SamplingParams
 from engine.model.loader import load_model
 from engine.quant.cpu_layout import (
+    KERNEL_ENV,
     KERNEL_TILE_WIDTHS,
     _pack_codes,
     cpu_layout,
+    gemv_kernels,
     kernel_tile_width,
 )
 from engine.quant.gguf_blocks import decode_blocks, to_quantized_tensor
@@ -82,7 +84,10 @@ def test_kept_quantized_forward_matches_dequantized_reference(tmp_path, qtype):
     fast = LLM(model=loaded, quantization="auto", **kw)  # CPU default: bfloat16, int4 kernel
     assert fast.stats()["dtype"] == "bfloat16"
     layout = fast.stats()["weight_layout"]
-    assert layout == ("cpu-bf16-dense" if qtype == "Q6_K" else "cpu-int4")
+    if gemv_kernels() is not None:  # numba's layout takes every format, Q6_K's 16-groups too
+        assert layout == "cpu-gemv"
+    else:
+        assert layout == ("cpu-bf16-dense" if qtype == "Q6_K" else "cpu-int4")
     bf16 = logits(fast)
     assert (bf16 - ref).abs().max() < 0.05 * (ref.max() - ref.min())
 
@@ -177,7 +182,9 @@ def _random_weight(qtype: str, n: int, k: int):
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0", "Q5_1"])
 @pytest.mark.parametrize("rows", [1, 5, 400])  # int4 kernel and dequantize-then-GEMM
-def test_cpu_layout_matmul_close_to_reference(qtype, rows):
+@pytest.mark.parametrize("kernel", ["auto", "torch"])  # numba's where installed; torch's
+def test_cpu_layout_matmul_close_to_reference(qtype, rows, kernel, monkeypatch):
+    monkeypatch.setenv(KERNEL_ENV, kernel)
     n, k = 72, 512  # 72 rows: padded to a 64-row tile
     w = _random_weight(qtype, n, k)
     x = torch.randn(rows, k)
@@ -188,6 +195,7 @@ def test_cpu_layout_matmul_close_to_reference(qtype, rows):
 
 
 def test_cpu_without_a_known_int4_layout_falls_back_to_bf16_dense(monkeypatch):
+    monkeypatch.setenv(KERNEL_ENV, "torch")  # torch's kernels only, as without numba
     monkeypatch.setattr("engine.quant.cpu_layout.int4_kernel_available", lambda: False)
     w = _random_weight("Q4_K", 72, 512)
     layout = cpu_layout(w)

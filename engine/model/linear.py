@@ -5,7 +5,8 @@ Where a weight goes (`place`), by what was measured (engine/quant/cpu_layout.py 
     dense float           the compute dtype, transposed to [in, out] (on CPU `x @ w` runs up to
                           3x faster than F.linear at decode batch sizes: 213 vs 620 us per layer)
     quantized, CUDA       the packed format itself; Triton dequantizes inside the GEMM
-    quantized, CPU bf16   torch's int4 kernel layout (`cpu_layout`), bf16 dense for Q6_K
+    quantized, CPU bf16   numba's K-major layout (`cpu_layout`, kernels/cpu_gemv.py); without
+                          numba torch's int4 kernel layout, bf16 dense for Q6_K
     quantized, CPU fp32   the packed format; each call dequantizes a few rows at a time and
                           multiplies in float32 (exact weights, slow: the reference path)
 """
@@ -40,6 +41,8 @@ class Linear:
     def layout(self) -> str:
         w = self.weight
         if isinstance(w, CpuQuantLinear):
+            if w.gemv is not None:
+                return "cpu-gemv"
             return "cpu-int4" if w.dense is None else "cpu-bf16-dense"
         if isinstance(w, QuantizedTensor):
             return "triton" if w.device.type == "cuda" else "dequant-per-call"

@@ -1,4 +1,27 @@
-"""Quantized matmuls on the CPU: torch's int4 kernel where it applies, measured per shape.
+"""Quantized matmuls on the CPU: numba's int8-activation kernel where numba is installed,
+else torch's int4 kernel where it applies, measured per shape.
+
+Where numba compiles (kernels/cpu_gemv.py) every quantized matrix takes that module's layout
+and nothing else, so memory holds one copy: up to GEMV_MAX_ROWS rows run its integer kernel
+(activations rounded to int8 per 32, as llama.cpp does), longer prefill chunks dequantize it to
+float32 one column chunk at a time for a GEMM. Measured on the 2-core AVX2 EPYC, one thread,
+bundled SmolLM2-135M (median of 5 rounds of process time per call, against torch's int4 kernel):
+
+    matrix            M=1                 M=4                 M=16
+    qkv 960x576       73 vs 101 us 1.38x  224 vs 194  0.86x   832 vs 746  0.90x
+    o 576x576         58 vs 69     1.20x  177 vs 131  0.74x   589 vs 491  0.83x
+    gate_up 3072x576  170 vs 325   1.91x  571 vs 636  1.11x   2207 vs 2549 1.15x
+    down 576x1536     130 vs 173   1.33x  420 vs 341  0.81x   1578 vs 1310 0.83x
+    head Q8_0 49152   5.0 vs 13.5 ms 2.70x 13.5 vs 24.7 1.84x  44 vs 89 ms 2.03x
+
+(longer batches: see GEMV_MAX_ROWS), so batch-1 decode, the case a desktop user waits on,
+gains most (22.0 -> 27.5 tokens/s there, alternating in one run); a few-row batch is on a par
+(mostly within 0.75-1.3x either way). The float32 scale and offset per group
+cost 2 bits a weight against the int4 layout's 1 (+10% on the bundled model), and Q6_K's
+16-element groups need no bfloat16 dense copy (12 bits a weight instead of 16): a 7B Q4_K_M
+comes to 5.40 GiB against 5.28. `KVSCOPE_CPU_QUANT_KERNEL=torch` keeps torch's kernels.
+
+torch's kernel, and why its layout is what it is:
 
 torch ships one fast weight-only kernel for x86 CPUs, `aten._weight_int4pack_mm_for_cpu`
 (AVX-512 / AVX2, bfloat16 activations; it reads 4-bit codes and per-group bfloat16 scale and
@@ -40,12 +63,14 @@ with zero weights.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_gemv
 from kernels.quant_format import QuantizedTensor
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
@@ -54,6 +79,24 @@ KERNEL_TILE_WIDTHS = (64, 32, 16)  # AVX-512, AVX2, a 128-bit vector ISA
 # From this many rows on, dequantize + bfloat16 GEMM beats the int4 kernel (see above; 4096 x
 # 4096, one thread: 0.43 ms per row against ~110 + 5 ms; 11008 x 4096 crosses at the same M).
 DEQUANT_MIN_ROWS = 384
+# numba's int8-activation kernel (kernels/cpu_gemv.py) up to this many rows; beyond, its layout
+# is dequantized to float32 a column chunk at a time for a GEMM (see gemv_matmul). Measured on
+# the bundled model's matrices, one thread: the two cross near 32 rows (qkv 1.59 / 1.45 ms,
+# gate_up 4.15 / 4.79, head 76 / 82); at 64 the GEMM wins by 1.4-1.6x (and beats torch's int4
+# kernel by 1.2-2.6x), at 8-16 the kernel by 1.4-2.7x.
+GEMV_MAX_ROWS = 32
+# "torch" keeps the int4-kernel layout even where numba is installed (benchmarks compare both).
+KERNEL_ENV = "KVSCOPE_CPU_QUANT_KERNEL"
+
+
+def gemv_wanted() -> bool:
+    """numba is installed and not switched off (cheap: imports nothing)."""
+    return os.environ.get(KERNEL_ENV, "auto") != "torch" and cpu_gemv.installed()
+
+
+def gemv_kernels():
+    """numba's compiled kernels when installed, not switched off and compiling, else None."""
+    return cpu_gemv.load() if gemv_wanted() else None
 
 
 @dataclass(frozen=True)
@@ -147,20 +190,26 @@ def _group_scales(w: QuantizedTensor, rows: slice) -> tuple[np.ndarray, np.ndarr
 
 @dataclass(frozen=True)
 class CpuQuantLinear:
-    """A quantized weight in the CPU kernel's layout: one or two Int4Packs, or bf16 dense."""
+    """A quantized weight in a CPU kernel's layout: numba's (`gemv`), one or two Int4Packs, or
+    bf16 dense. Only one of them is built: never two copies of a matrix."""
 
     parts: tuple[Int4Pack, ...]
     dense: torch.Tensor | None  # bfloat16 [N, K] for formats no int4 kernel takes
     n: int
     kind: str
+    gemv: cpu_gemv.QuantizedCodesT | None = None
 
     @property
     def nbytes(self) -> int:
+        if self.gemv is not None:
+            return self.gemv.nbytes
         if self.dense is not None:
             return self.dense.numel() * 2
         return sum(p.nbytes for p in self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemv is not None:
+            return gemv_matmul(self.gemv, x)
         if self.dense is not None:
             # [N, K] through F.linear: 2.5x faster than x @ [K, N] for a 49k-row bf16 head at
             # one row (10.9 vs 27.5 ms), no slower elsewhere.
@@ -176,10 +225,36 @@ class CpuQuantLinear:
         return y
 
 
+def gemv_matmul(w: cpu_gemv.QuantizedCodesT, x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (bfloat16) @ W.T through numba's layout, in x's dtype."""
+    ns = cpu_gemv.load()
+    if x.shape[0] <= GEMV_MAX_ROWS:
+        threads = torch.get_num_threads()
+        if x.dtype == torch.bfloat16:  # the engine's case: bits in, bits out, no torch op
+            bits = cpu_gemv.matmul_bf16(ns, w, x.view(torch.int16).numpy().view(np.uint16), threads)
+            return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+        y = cpu_gemv.columns(cpu_gemv.matmul(ns, w, x.float().numpy(), threads), w.n)
+        return torch.from_numpy(np.ascontiguousarray(y)).to(x.dtype)
+    xf = x.float().numpy()
+    # Long prefill chunks: float32 W.T one column chunk at a time (bounded scratch), GEMM.
+    out = torch.empty((x.shape[0], w.n), dtype=x.dtype)
+    xt = torch.from_numpy(xf)
+    width = w.codes.shape[2]
+    for c in range(w.codes.shape[0]):
+        cols = slice(c * width, min(w.n, (c + 1) * width))
+        w_t = torch.from_numpy(cpu_gemv.dequantize_t(ns, w, c))
+        out[:, cols] = xt @ w_t[:, : cols.stop - cols.start]
+    return out
+
+
 def cpu_layout(w: QuantizedTensor) -> CpuQuantLinear:
     """The fastest CPU layout for `w` (see the module docstring), built chunk by chunk."""
     n, k = w.shape
     g = w.group_size
+    if gemv_kernels() is not None:
+        from engine.quant.cpu_gemv_layout import gemv_layout
+
+        return CpuQuantLinear((), None, n, w.kind, gemv_layout(w))
     if g not in INT4_GROUP_SIZES or not int4_kernel_available():
         return CpuQuantLinear((), _dense(w), n, w.kind)
     np_ = -(-n // TILE_N) * TILE_N

@@ -1,0 +1,245 @@
+"""Quantized weights x int8-quantized activations on the CPU, compiled with numba (optional).
+
+For decode-sized batches (M = 1..16 rows) a quantized matmul on a CPU is bound by reading the
+weight bytes. torch's one fast kernel (`_weight_int4pack_mm_for_cpu`) reaches ~2.3 GB/s on the
+2-core AVX2 development machine at one row; this kernel reads 2-3x faster there, the way
+llama.cpp does it: activations are rounded to int8 per group (llama.cpp's q8_1), the weight codes
+are multiplied with them in integers and each group's integer sum is scaled once.
+
+Layout (one matrix, out_features N, in_features K, weight group G, activation group A <= G):
+
+    codes   uint8 [C, K/2, Nc] (4-bit: elements 2j and 2j+1 in the low and high nibble of byte
+            row j) or int8 [C, K, Nc] (8-bit, centred: code - c, so that products stay small)
+    scale   float32 [C, K/G, Nc]
+    low     float32 [C, K/G, Nc]        w[k, n] = scale * code + low   (c folded into low)
+
+i.e. the matrix transposed (K-major) and split into C column chunks of Nc columns, each chunk
+contiguous. K-major rows let LLVM vectorise the innermost loop across output columns, and
+contiguous 1-D rows are what makes it do so: the same loop over a strided slice of one big
+array (`qt[:, n0:n1]`) or a `range(n0, n1)` compiled to scalar code, 5-10x slower. The chunks
+are what threads share out (numba's prange over chunks); one thread walks them in turn at no
+measured cost.
+
+Integer sums: products of a 4-bit code and an int8 are summed in int16, 16 at a time (at most
+16 * 15 * 127 = 30480), a group's 16 byte rows in one pass over the columns, then widened to
+int32: 16 lanes per AVX2 vector instead of 8, measured 1.3-2x faster than int32 throughout.
+8-bit codes are centred (|code| <= 128), so that at least two products fit in int16: pairs are
+summed in int16 and widened, eight rows per pass into one int32 scratch row. (`run`, the
+products that fit one int16, is kept with the layout: 2 for Q8_0, 8 for Q6_K, 16 for Q5.)
+
+numba is optional: `load()` returns None where it is missing or fails to compile, and callers
+keep their own path. The compiled code is cached on disk (NUMBA_CACHE_DIR, by default under the
+app's cache dir) so the JIT cost is paid once per machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import platformdirs
+
+logger = logging.getLogger(__name__)
+
+ACT_GROUP = 32  # activation rounding group (llama.cpp's q8_1), or the weight group if smaller
+INT16_MAX = 32767
+INT8_MAX = 127
+NIBBLE_RUN = 8  # bytes of 4-bit codes summed in int16 before widening (see the module doc)
+CHUNK_COLS = 4096  # at most this many columns per chunk
+MIN_CHUNKS = 4  # so that up to 4 threads share even a small matrix
+LANE = 16  # chunk widths are multiples of one AVX2 vector of int16
+_compile_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """Where numba keeps compiled code: the app's cache dir (KVSCOPE_DATA_DIR/cache when set)."""
+    override = os.environ.get("KVSCOPE_DATA_DIR")
+    base = Path(override) / "cache" if override else Path(platformdirs.user_cache_dir("KVScope"))
+    return base / "numba"
+
+
+def chunking(n: int) -> tuple[int, int]:
+    """(chunks, columns per chunk) for N output columns: every chunk holds real columns."""
+    chunks = max(MIN_CHUNKS, -(-n // CHUNK_COLS)) if n >= MIN_CHUNKS * LANE else 1
+    per_chunk = -(-n // chunks)
+    width = -(-per_chunk // LANE) * LANE
+    return -(-n // width), width  # rounding the width up may leave the last chunk unneeded
+
+
+def nibble_run() -> int:
+    return NIBBLE_RUN
+
+
+def int8_run(max_abs_code: int) -> int:
+    """Products of centred 8-bit codes (|code| <= max_abs_code) and int8 that fit one int16."""
+    fits = INT16_MAX // (max(1, max_abs_code) * INT8_MAX)
+    run = 1
+    while run * 2 <= min(fits, 16):  # a power of two, so that it divides every group
+        run *= 2
+    return run
+
+
+def installed() -> bool:
+    """Whether numba can be imported, without importing it (for planners: `load` compiles)."""
+    try:
+        return importlib.util.find_spec("numba") is not None
+    except ValueError:  # sys.modules["numba"] is None: imports of it are blocked
+        return False
+
+
+def layout_bytes(n: int, k: int, bits: int, group: int) -> int:
+    """Bytes of one [n, k] matrix in this layout: codes, float32 scale and low per group."""
+    chunks, width = chunking(n)
+    columns = chunks * width
+    return columns * k * bits // 8 + 2 * 4 * columns * (k // group)
+
+
+def compiled_before() -> bool:
+    """Whether numba's disk cache already holds these kernels (so `load` takes ~1 s, not the
+    tens of seconds of a first compile): for a status line, not a promise."""
+    where = Path(os.environ.get("NUMBA_CACHE_DIR") or cache_dir())  # as load() sets it
+    return any(where.glob("*/cpu_gemv_jit.*.nbi"))
+
+
+@functools.cache
+def load() -> SimpleNamespace | None:
+    """The compiled kernels, or None where numba is missing or cannot compile here."""
+    with _compile_lock:
+        os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_dir()))
+        try:
+            ns = _build()
+            _warm_up(ns)
+        except Exception as exc:  # ImportError, or any numba/LLVM failure: keep torch's path
+            logger.info("numba CPU kernels unavailable (%s); using torch's", exc)
+            return None
+        return ns
+
+
+def _build() -> SimpleNamespace:
+    import numba
+
+    from kernels import cpu_gemv_jit as jit
+
+    return SimpleNamespace(
+        numba=numba,
+        quantize_rows=jit.quantize_rows,
+        serial={4: jit.serial4, 8: jit.serial8},
+        parallel={4: jit.parallel4, 8: jit.parallel8},
+        serial_bf16={4: jit.serial4_bf16, 8: jit.serial8_bf16},
+        parallel_bf16={4: jit.parallel4_bf16, 8: jit.parallel8_bf16},
+        dequantize={4: jit.dequantize4, 8: jit.dequantize8},
+    )
+
+
+def _warm_up(ns: SimpleNamespace) -> None:
+    """Compile (or load from the disk cache) the kernels this process will call, on a tiny
+    matrix: the parallel entries only where torch runs more than one thread (numba compiles
+    them on first use otherwise, which would stall that call by seconds)."""
+    import torch  # only to read the engine's thread count; torch is imported already
+
+    x = np.linspace(-1, 1, 2 * 64, dtype=np.float32).reshape(2, 64)
+    bits = (x.view(np.uint32) >> 16).astype(np.uint16)
+    thread_counts = (1, 2) if torch.get_num_threads() > 1 else (1,)
+    for code_bits in (4, 8):
+        rows = 32 if code_bits == 4 else 64
+        dtype = np.uint8 if code_bits == 4 else np.int8
+        chunks = 2  # the parallel entries run only on more than one chunk
+        w = QuantizedCodesT(
+            np.zeros((chunks, rows, LANE), dtype),
+            *np.ones((2, chunks, 2, LANE), np.float32),
+            32,
+            code_bits,
+            1,
+        )
+        for threads in thread_counts:
+            matmul(ns, w, x, threads)
+            matmul_bf16(ns, w, bits, threads)
+        dequantize_t(ns, w)
+
+
+class QuantizedCodesT:
+    """One matrix in this module's layout (see the module doc); `n` real columns."""
+
+    def __init__(
+        self,
+        codes: np.ndarray,
+        scale: np.ndarray,
+        low: np.ndarray,
+        group: int,
+        bits: int,
+        run: int,
+        n: int | None = None,
+    ) -> None:
+        chunks, _, width = codes.shape
+        if bits not in (4, 8) or codes.dtype != (np.uint8 if bits == 4 else np.int8):
+            raise ValueError(f"{bits}-bit codes cannot be {codes.dtype}")
+        if scale.shape != low.shape or scale.shape[::2] != (chunks, width):
+            raise ValueError(f"scale {scale.shape} and low {low.shape} do not fit {codes.shape}")
+        self.codes, self.scale, self.low = codes, scale, low
+        self.group, self.bits, self.run = group, bits, run
+        self.n = chunks * width if n is None else n
+
+    @property
+    def k(self) -> int:
+        return self.codes.shape[1] * (2 if self.bits == 4 else 1)
+
+    @property
+    def act_group(self) -> int:
+        return min(self.group, ACT_GROUP)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scale.nbytes + self.low.nbytes
+
+
+def matmul(ns: SimpleNamespace, w: QuantizedCodesT, x: np.ndarray, threads: int) -> np.ndarray:
+    """x float32 [M, K] @ W.T -> float32 [chunks, M, Nc] (see `columns`), activations
+    rounded to int8 per group."""
+    if x.ndim != 2 or x.shape[1] != w.k:
+        raise ValueError(f"x must be [M, {w.k}], got {list(x.shape)}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    args = (w.codes, w.scale, w.low, x, w.act_group, w.group, w.run)
+    if threads > 1 and w.codes.shape[0] > 1:
+        ns.numba.set_num_threads(min(threads, ns.numba.config.NUMBA_NUM_THREADS))
+        return ns.parallel[w.bits](*args)
+    return ns.serial[w.bits](*args)
+
+
+def matmul_bf16(
+    ns: SimpleNamespace, w: QuantizedCodesT, bits: np.ndarray, threads: int
+) -> np.ndarray:
+    """x [M, K] as bfloat16 bits (uint16) @ W.T -> [M, n] bfloat16 bits."""
+    if bits.ndim != 2 or bits.shape[1] != w.k or bits.dtype != np.uint16:
+        raise ValueError(f"x must be uint16 [M, {w.k}], got {bits.dtype} {list(bits.shape)}")
+    args = (w.codes, w.scale, w.low, np.ascontiguousarray(bits), w.act_group, w.group, w.run, w.n)
+    if threads > 1 and w.codes.shape[0] > 1:
+        ns.numba.set_num_threads(min(threads, ns.numba.config.NUMBA_NUM_THREADS))
+        return ns.parallel_bf16[w.bits](*args)
+    return ns.serial_bf16[w.bits](*args)
+
+
+def columns(y: np.ndarray, n: int) -> np.ndarray:
+    """matmul's [chunks, M, Nc] as [M, n] (a view where M is 1)."""
+    chunks, m, width = y.shape
+    return y.transpose(1, 0, 2).reshape(m, chunks * width)[:, :n]
+
+
+def dequantize_t(ns: SimpleNamespace, w: QuantizedCodesT, chunk: int | None = None) -> np.ndarray:
+    """W.T as float32 [K, chunks * Nc] (one chunk's columns only when `chunk` is given)."""
+    chunks, _, width = w.codes.shape
+    picked = range(chunks) if chunk is None else [chunk]
+    if len(picked) == 1:
+        c = picked[0]
+        out = np.empty((w.k, width), np.float32)
+        ns.dequantize[w.bits](w.codes[c], w.scale[c], w.low[c], w.group, out)
+        return out
+    out = np.empty((w.k, chunks * width), np.float32)
+    for c in picked:
+        out[:, c * width : (c + 1) * width] = dequantize_t(ns, w, c)
+    return out
