@@ -6,19 +6,13 @@ frames, not answer replays, stop and come back on the same endpoints."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import zmq
+from served import free_endpoint  # noqa: F401 (the fakes' tests import it from here)
 
 END = (-1).to_bytes(8, "big", signed=True)
-
-
-def free_endpoint() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def wait_until(condition, timeout: float = 10.0, what: str = "condition"):

@@ -15,12 +15,11 @@ import time
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from served import start_server
 
 from app.chat.store import _MIGRATIONS, SCHEMA_VERSION, ChatStore, RemoteTarget
 from app.remote.connection import parse_connection
 from app.remote.openai_http import ChatDelta, OpenAIHttp, RemoteError, _chat_deltas, _error_text
-from app.serve.server import Server
-from engine import LLM
 
 KEY = "remote-chat-key"
 MAX_MODEL_LEN = 256
@@ -30,14 +29,7 @@ LONG = {"max_tokens": 200, "temperature": 1.0, "top_p": 1.0, "seed": 7}
 
 @pytest.fixture(scope="module")
 def server(default_model):
-    llm = LLM(
-        model=default_model,
-        device="cpu",
-        dtype="float32",
-        num_kv_blocks=96,
-        max_model_len=MAX_MODEL_LEN,
-    )
-    srv = Server(llm, port=0, api_key=KEY).start()
+    srv = start_server(default_model, 96, MAX_MODEL_LEN, api_key=KEY)
     yield srv
     srv.stop()
 

@@ -13,7 +13,8 @@ import cbor2
 import httpx
 import pytest
 import xxhash
-from remote_fakes import free_endpoint, wait_until
+from remote_fakes import wait_until
+from served import start_server
 
 from app.remote.block_hashes import ALGOS, BlockHasher, hasher_for
 from app.remote.connection import parse_connection
@@ -103,21 +104,10 @@ def test_hash_method_misses_blocks_with_other_hashes():
 
 @pytest.fixture(scope="module")
 def two_replicas(default_model):
-    from app.serve.server import Server
-    from engine import LLM
-
     servers = []
     for name in ("A", "B"):
-        llm = LLM(
-            model=default_model,
-            device="cpu",
-            dtype="float32",
-            num_kv_blocks=64,
-            block_size=16,
-            max_model_len=512,
-        )
-        pub, replay = free_endpoint(), free_endpoint()
-        srv = Server(llm, port=0, kv_events=pub, kv_events_replay=replay).start()
+        srv = start_server(default_model, 64, 512, kv_events=True)
+        pub, replay = srv.kv_endpoints
         servers.append((name, srv, parse_connection(srv.base_url, pub, replay, name=name)))
     yield servers
     for _, srv, _ in servers:

@@ -11,6 +11,7 @@ import httpx
 import msgspec
 import pytest
 from remote_fakes import FakeKVServer, free_endpoint, wait_until
+from served import start_server
 
 from app.remote.kv_subscriber import RESTART_SEQ, KVEventSubscriber
 from app.remote.kv_wire import AllBlocksCleared
@@ -259,24 +260,15 @@ def test_stop_is_prompt_in_every_state():
 
 def test_against_a_real_kvscope_server(default_model):
     """`kvscope serve`'s publisher: the rebuilt cache holds exactly the engine's hashes."""
-    from app.serve.server import Server
-    from engine import LLM
-
-    llm = LLM(
-        model=default_model,
-        device="cpu",
-        dtype="float32",
-        num_kv_blocks=32,
-        block_size=16,
-        max_model_len=256,
-    )
-    pub, replay = free_endpoint(), free_endpoint()
-    srv = Server(llm, port=0, kv_events=pub, kv_events_replay=replay).start()
+    srv = start_server(default_model, 32, kv_events=True)
+    pub, replay = srv.kv_endpoints
     cache = RemoteCache("kvscope")
     sub = KVEventSubscriber(pub, replay, on_batch=lambda s, b: cache.apply(b, time.time()))
     try:
         # Traffic first: the subscriber joins late and must get everything from the replay.
-        prompt = llm.engine.tokenizer.encode("Tell me about the sea and its tides. " * 6)
+        prompt = srv.engine_loop.engine.tokenizer.encode(
+            "Tell me about the sea and its tides. " * 6
+        )
         body = {"model": srv.model_name, "prompt": prompt, "max_tokens": 2}
         reply = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=60)
         assert reply.status_code == 200, reply.text

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from PySide6.QtGui import QTextDocumentFragment
+from served import free_endpoint, start_server
 
 from app.remote.connection import parse_connection
 from app.remote.connections_qt import ConnectionList
@@ -346,14 +347,6 @@ def test_status_lines_count_silence_and_the_reconnect_backoff():
     assert line.text == "live · no KV events endpoint: metrics only"
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_real_monitors_on_a_server_that_is_not_there_show_down_without_blocking(qtbot):
     """The default monitors (app/remote/monitor.py) against ports nobody listens on: the view
     says "down" with the HTTP error while the GUI thread keeps turning."""
@@ -361,8 +354,9 @@ def test_real_monitors_on_a_server_that_is_not_there_show_down_without_blocking(
     view = RemoteView(connections)
     qtbot.addWidget(view)
     view.show()
-    http, events = free_port(), free_port()
-    connections.add(parse_connection(f"http://127.0.0.1:{http}", f"tcp://127.0.0.1:{events}"))
+    events = free_endpoint()
+    http = events.rsplit(":", 1)[1]  # nothing listens on that port, for HTTP either
+    connections.add(parse_connection(f"http://127.0.0.1:{http}", events))
     label = f"127.0.0.1:{http}"
     ticks = []
     view.timer.timeout.connect(lambda: ticks.append(time.monotonic()))
@@ -383,25 +377,14 @@ def test_two_kvscope_servers_a_shared_system_prompt_is_attributed_and_its_hit_pr
     that starts with it."""
     import openai
 
-    from app.serve.server import Server
-    from engine import LLM
-
     servers = []
     connections = ConnectionList()
     view = RemoteView(connections)
     qtbot.addWidget(view)
     try:
         for name in ("replica-1", "replica-2"):
-            llm = LLM(
-                model=default_model,
-                device="cpu",
-                dtype="float32",
-                num_kv_blocks=64,
-                block_size=BS,
-                max_model_len=512,
-            )
-            pub, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-            servers.append(Server(llm, port=0, kv_events=pub, kv_events_replay=replay).start())
+            servers.append(start_server(default_model, 64, 512, BS, kv_events=True))
+            pub, replay = servers[-1].kv_endpoints
             connections.add(parse_connection(servers[-1].base_url, pub, replay, name=name))
         view.resize(1024, 700)
         view.show()

@@ -15,10 +15,9 @@ import urllib.request
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from served import start_server
 
 from app.bench.serve_bench import ServeBenchSettings, run_load
-from app.serve.server import Server
-from engine import LLM
 
 KEY = "test-key"
 MAX_MODEL_LEN = 256
@@ -26,14 +25,7 @@ MAX_MODEL_LEN = 256
 
 @pytest.fixture(scope="module")
 def server(default_model):
-    llm = LLM(
-        model=default_model,
-        device="cpu",
-        dtype="float32",
-        num_kv_blocks=96,
-        max_model_len=MAX_MODEL_LEN,
-    )
-    srv = Server(llm, port=0, api_key=KEY).start()
+    srv = start_server(default_model, 96, MAX_MODEL_LEN, api_key=KEY)
     # Every request id the engine sees, to check the client labels the map colours by.
     seen: list[str] = []
 

@@ -5,7 +5,6 @@ block hashes, which must equal the engine's own."""
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
@@ -13,10 +12,9 @@ import msgspec
 import openai
 import pytest
 import zmq
+from served import start_server
 
 from app.serve.kv_events import event_structs
-from app.serve.server import Server
-from engine import LLM
 
 
 # ---- vLLM's schema, as a consumer declares it ---------------------------------------------------
@@ -78,12 +76,6 @@ class MapBatch(EventBatch):
 
 
 BLOCK_SIZE = 16
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Subscriber:
@@ -165,16 +157,8 @@ class Subscriber:
 @pytest.fixture(scope="module")
 def served(default_model):
     # A small pool, so that the traffic below evicts cached blocks (BlockRemoved).
-    llm = LLM(
-        model=default_model,
-        device="cpu",
-        dtype="float32",
-        num_kv_blocks=16,
-        block_size=BLOCK_SIZE,
-        max_model_len=256,
-    )
-    pub, replay = f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}"
-    srv = Server(llm, port=0, kv_events=pub, kv_events_replay=replay).start()
+    srv = start_server(default_model, 16, block_size=BLOCK_SIZE, kv_events=True)
+    pub, replay = srv.kv_endpoints
     yield srv, pub, replay
     srv.stop()
 
