@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from remote_fakes import wait_until
 
 from app.remote.connection import parse_connection
 from app.remote.monitor import ReplicaMonitor
@@ -90,13 +91,7 @@ class Replica:
 
 
 def _wait(what: str, predicate, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, timeout, what)
 
 
 @pytest.fixture
