@@ -449,3 +449,22 @@ def test_a_narrow_view_puts_tree_plots_and_routing_in_tabs(two_replicas, qtbot):
     qtbot.waitUntil(lambda: not view.narrow)
     assert view.tabs.count() == 0 and view.body.indexOf(view.tree_column) == 0
     assert view.cards[A].columns == 7
+
+
+def test_metrics_plots_running_and_token_rate_from_scrapes():
+    """The "over time" plots read /metrics scrapes: running + waiting as scraped, tokens/s
+    between consecutive scrapes, and no point across a counter that went down (a restart)."""
+    from app.remote_view.held_plot import rate_series, scrape_series
+
+    now = 1000.0
+    scrapes = [
+        RemoteMetrics(scraped_at=990.0, running=1.0, waiting=2.0, generation_tokens_total=100.0),
+        RemoteMetrics(scraped_at=992.0, running=3.0, waiting=0.0, generation_tokens_total=160.0),
+        RemoteMetrics(scraped_at=994.0, running=None, waiting=None, generation_tokens_total=10.0),
+        RemoteMetrics(scraped_at=995.0, running=0.0, waiting=0.0, generation_tokens_total=15.0),
+    ]
+    history = [(m.scraped_at, m) for m in scrapes]
+    t, v = scrape_series(history, now, lambda m: m.running)
+    assert t.tolist() == [-10.0, -8.0, -5.0] and v.tolist() == [1.0, 3.0, 0.0]
+    t, v = rate_series(history, now, lambda m: m.generation_tokens_total)
+    assert t.tolist() == [-8.0, -5.0] and v.tolist() == [30.0, 5.0]  # 60 tokens / 2 s; 5 / 1 s

@@ -14,6 +14,8 @@ from app.blockmap.time_plots import HEADROOM, WINDOW_S
 PLOTS = (
     ("held", "Blocks held per replica (KV events) · seconds ago", 8.0),
     ("usage", "KV cache usage per replica (/metrics, %)", (0, 100)),
+    ("queue", "Requests running + waiting per replica (/metrics)", 4.0),
+    ("rate", "Generated tokens/s per replica (/metrics)", 10.0),
 )
 
 
@@ -71,3 +73,21 @@ def step_series(history: list[tuple[float, int]], now: float) -> tuple[np.ndarra
     ts = np.repeat(t, 2)[1:]
     vs = np.repeat(v, 2)[:-1]
     return ts, vs
+
+
+def scrape_series(history: list, now: float, value) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds before now, value(metrics)) for each scrape where `value` gives a number."""
+    points = [(m.scraped_at - now, v) for _t, m in history if (v := value(m)) is not None]
+    return np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points])
+
+
+def rate_series(history: list, now: float, total) -> tuple[np.ndarray, np.ndarray]:
+    """A counter's rate between consecutive scrapes (`total(metrics)`), at the later one; a
+    counter that went down (a restarted server) gives no point."""
+    points, prev = [], None
+    for _t, m in history:
+        value = total(m)
+        if value is not None and prev is not None and m.scraped_at > prev[0] and value >= prev[1]:
+            points.append((m.scraped_at - now, (value - prev[1]) / (m.scraped_at - prev[0])))
+        prev = (m.scraped_at, value) if value is not None else prev
+    return np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points])

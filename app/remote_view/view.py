@@ -24,7 +24,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from html import escape
 
-import numpy as np
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFrame,
@@ -40,7 +39,7 @@ from PySide6.QtWidgets import (
 
 from app.remote.connection import Connection
 from app.remote.connections_qt import ConnectionList
-from app.remote_view.held_plot import HeldPlots, step_series
+from app.remote_view.held_plot import HeldPlots, rate_series, scrape_series, step_series
 from app.remote_view.merged_tree import TreeRun, count_runs, merge_trees
 from app.remote_view.metric_tiles import TILES
 from app.remote_view.prefix_tree import Detokenizer, PrefixTreeView
@@ -105,6 +104,16 @@ def _merge_timed(caches: list) -> tuple[list[TreeRun], float]:
 
 class _Bridge(QObject):
     merged = Signal(object)  # (tree key, caches, (roots, seconds the merge took))
+
+
+def _usage_pct(m) -> float | None:
+    return None if m.kv_cache_usage is None else 100 * m.kv_cache_usage
+
+
+def _queued(m) -> float | None:
+    if m.running is None and m.waiting is None:
+        return None
+    return (m.running or 0) + (m.waiting or 0)
 
 
 def _stop_in_background(monitor) -> None:
@@ -412,14 +421,12 @@ class RemoteView(QWidget):
             color = self.colors.color(label)
             t, v = step_series(s.cache.history, now)
             self.plots.set_series("held", label, color, t, v)
-            usage = [
-                (m.scraped_at - now, 100 * m.kv_cache_usage)
-                for _t, m in s.metrics_history
-                if m.kv_cache_usage is not None
-            ]
-            ut = np.array([u[0] for u in usage], dtype=float)
-            uv = np.array([u[1] for u in usage], dtype=float)
-            self.plots.set_series("usage", label, color, ut, uv)
+            history = s.metrics_history
+            usage = scrape_series(history, now, _usage_pct)
+            self.plots.set_series("usage", label, color, *usage)
+            self.plots.set_series("queue", label, color, *scrape_series(history, now, _queued))
+            rate = rate_series(history, now, lambda m: m.generation_tokens_total)
+            self.plots.set_series("rate", label, color, *rate)
         self.plots.rescale()
 
     # ---- routing -------------------------------------------------------------------------
