@@ -106,6 +106,9 @@ def test_terminal_generate_answers(tmp_path):
     prompt = "What is the capital of France?"
     r = run([EXE, "generate", prompt, "--chat", "--max-tokens", "12"], env)
     assert "Paris" in r.stdout
+    # The frozen app ran numba's CPU kernels (not torch's fallback): their compiled code is
+    # cached under the data dir, as kernels/cpu_gemv.py puts it.
+    assert list((tmp_path / "data" / "cache" / "numba").glob("*/cpu_gemv_jit.*.nbi"))
 
 
 def test_bundled_server_answers_openai_clients(tmp_path):
