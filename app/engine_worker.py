@@ -158,8 +158,15 @@ class EngineWorker(QObject):
         gc.unfreeze()
         try:
             # A first compile of the CPU kernels (seconds) shows as such, then the build goes on.
-            prepare_cpu_kernels(settings.device, self.busy.emit)
-            self.busy.emit(building)
+            said: list[str] = []
+
+            def announce(line: str) -> None:
+                said.append(line)
+                self.busy.emit(line)
+
+            prepare_cpu_kernels(settings.device, announce)
+            if said:
+                self.busy.emit(building)
             llm = LLM(model=loaded, **kwargs)
         except Exception as e:
             message = _describe(e)
