@@ -72,7 +72,7 @@ def tensor_bytes(
         return n_el * dtype_bytes
     n, k = shape
     if layout == "cpu-int4" and gemv_wanted():  # numba's layout (kernels/cpu_gemv.py)
-        return cpu_gemv.layout_bytes(n, k, bits, group)
+        return cpu_gemv.layout_bytes(n, k, bits, group, kind)
     if layout == "cpu-int4":
         if group not in INT4_GROUP_SIZES or not int4_kernel_available():
             return n_el * 2  # bf16 dense (Q6_K, or no int4 kernel on this CPU)

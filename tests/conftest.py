@@ -16,10 +16,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     worker = os.environ["PYTEST_XDIST_WORKER"]
     os.environ["KVSCOPE_DATA_DIR"] = tempfile.mkdtemp(prefix=f"kvscope-test-{worker}-")
 # numba's compiled CPU kernels (kernels/cpu_gemv.py) outlive a session's temp data dir: compiling
-# them takes 15-30 s here, and the cache keys entries by source file and time, so it never goes
-# stale.
+# them takes 20-45 s here. One folder per version of their sources, as the app keeps them
+# (cpu_gemv.cache_dir says why numba's own check is not enough).
 os.environ.setdefault(
-    "NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "kvscope-test-numba-cache")
+    "KVSCOPE_NUMBA_CACHE", os.path.join(tempfile.gettempdir(), "kvscope-test-numba-cache")
 )
 
 

@@ -43,10 +43,10 @@ def _close(y: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
 def test_layout_holds_the_weight(kind):
     w = _weight(kind)
     g = gemv_layout(w)
-    assert g.n == N_ROWS and g.codes.shape[0] * g.codes.shape[2] >= N_ROWS
+    assert g.n == N_ROWS and g.codes.shape[0] * g.width >= N_ROWS
     dense = torch.from_numpy(cpu_gemv.dequantize_t(ns, g)[:, :N_ROWS]).T
     assert torch.allclose(dense, w.dequantize(torch.float32), rtol=1e-5, atol=1e-7)
-    assert g.nbytes == cpu_gemv.layout_bytes(*w.shape, w.bits, w.group_size)
+    assert g.nbytes == cpu_gemv.layout_bytes(*w.shape, w.bits, w.group_size, w.kind)
 
 
 @pytest.mark.parametrize("kind", [*QUANT_TYPES, "int4", "int8"])
@@ -61,6 +61,28 @@ def test_kernel_matches_dequantized_reference(kind, rows):
     _close(y.double(), ref, 1e-2)
     y32 = cpu_gemv.columns(cpu_gemv.matmul(ns, g, x.float().numpy(), threads=1), N_ROWS)
     _close(torch.from_numpy(np.ascontiguousarray(y32)).double(), ref, 1e-2)
+
+
+@pytest.mark.parametrize("kind", [*QUANT_TYPES, "int4", "int8"])
+def test_scales_are_float16_only_where_that_is_exact(kind):
+    g = gemv_layout(_weight(kind))
+    half = kind in cpu_gemv.HALF_KINDS
+    assert g.scale.dtype == g.low.dtype == (np.uint16 if half else np.float32)
+    assert g.width == g.scale.shape[2] == g.codes.shape[2] * g.codes.shape[4]
+
+
+def test_wide_8bit_chunks_keep_whole_rows():
+    """Chunks of >= WIDE_ROWS columns hold one tile of the chunk's width (the Q8_0 head's
+    layout), narrower ones tiles of 16: both kernels' loops must give the reference."""
+    n = 4 * cpu_gemv.WIDE_ROWS + 40
+    w = _weight("Q8_0", n=n, k=64)
+    g = gemv_layout(w)
+    assert g.codes.shape[2] == 1 and g.codes.shape[4] == g.width >= cpu_gemv.WIDE_ROWS
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(5)).bfloat16()
+    ref = x.double() @ w.dequantize(torch.float64).T
+    _close(layout_module.gemv_matmul(g, x).double(), ref, 1e-2)
+    dense = torch.from_numpy(cpu_gemv.dequantize_t(ns, g)[:, :n]).T
+    assert torch.allclose(dense, w.dequantize(torch.float32), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])

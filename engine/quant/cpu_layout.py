@@ -239,7 +239,7 @@ def gemv_matmul(w: cpu_gemv.QuantizedCodesT, x: torch.Tensor) -> torch.Tensor:
     # Long prefill chunks: float32 W.T one column chunk at a time (bounded scratch), GEMM.
     out = torch.empty((x.shape[0], w.n), dtype=x.dtype)
     xt = torch.from_numpy(xf)
-    width = w.codes.shape[2]
+    width = w.width
     for c in range(w.codes.shape[0]):
         cols = slice(c * width, min(w.n, (c + 1) * width))
         w_t = torch.from_numpy(cpu_gemv.dequantize_t(ns, w, c))
