@@ -1,9 +1,9 @@
 """Getting the CPU kernels ready before a model is built, so the app can say what it waits for.
 
 Quantized weights on a CPU run numba's kernels where numba is installed (kernels/cpu_gemv.py,
-engine/quant/cpu_layout.py). They compile the first time on a machine (tens of seconds on a
-small CPU, cached on disk after that); without this the wait would hide inside building the
-model's first layer."""
+engine/quant/cpu_layout.py; decode steps also kernels/cpu_decode.py). They compile the first
+time on a machine (tens of seconds on a small CPU, cached on disk after that); without this the
+wait would hide inside building the model's first layer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from engine.quant.cpu_layout import gemv_kernels, gemv_wanted
-from kernels import cpu_gemv
+from kernels import cpu_decode, cpu_gemv
 
 COMPILING = "Compiling the CPU kernels (once on this machine)…"
 
@@ -25,4 +25,5 @@ def prepare_cpu_kernels(device: str = "auto", progress: Callable[[str], None] | 
         return
     if progress is not None and not cpu_gemv.compiled_before():
         progress(COMPILING)
-    gemv_kernels()
+    if gemv_kernels() is not None:
+        cpu_decode.load()  # the fused decode's glue (engine/model/cpu_decode.py)

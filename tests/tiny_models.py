@@ -250,9 +250,13 @@ def random_quant_blocks(qtype_name: str, rows: int, cols: int, seed: int = 0) ->
     return raw.reshape(rows, cols // block * type_size)
 
 
-def make_quant_gguf(path: Path, qtype_name: str, seed: int = 0) -> Path:
+def make_quant_gguf(
+    path: Path, qtype_name: str, seed: int = 0, types: dict[str, str] | None = None
+) -> Path:
     """A tiny Llama GGUF (2 layers, hidden 256: K-quants need rows of 256) whose matrices are
-    all `qtype_name` and whose norms are float32; the byte-level vocabulary of make_tiny_gguf."""
+    all `qtype_name` and whose norms are float32; the byte-level vocabulary of make_tiny_gguf.
+    `types` gives some matrices another type by their GGUF name's end ({"attn_v": "Q6_K"}, as
+    llama.cpp's Q4_K_M recipe does)."""
     tokens = [*_byte_alphabet(), "hi", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     bos, eos = tokens.index("<|im_start|>"), tokens.index("<|endoftext|>")
     config = tiny_config("llama", len(tokens), bos=bos, eos=eos)
@@ -267,7 +271,6 @@ def make_quant_gguf(path: Path, qtype_name: str, seed: int = 0) -> Path:
     writer.add_bos_token_id(bos)
     writer.add_eos_token_id(eos)
     writer.add_chat_template(CHAT_TEMPLATE)
-    qtype = gguf.GGMLQuantizationType[qtype_name]
     h, inter, kv = 256, 512, config.num_key_value_heads * 64
     vocab = len(tokens) + (-len(tokens)) % 4  # whole rows; pad ids are never produced
     matrices = {"token_embd": (vocab, h), "output": (vocab, h)}
@@ -283,8 +286,10 @@ def make_quant_gguf(path: Path, qtype_name: str, seed: int = 0) -> Path:
         }
     rng = np.random.default_rng(seed)
     for j, (name, (rows, cols)) in enumerate(matrices.items()):
-        raw = random_quant_blocks(qtype_name, rows, cols, seed * 1000 + j)
-        writer.add_tensor(f"{name}.weight", raw, raw_shape=raw.shape, raw_dtype=qtype)
+        own = next((t for end, t in (types or {}).items() if name.endswith(end)), qtype_name)
+        raw = random_quant_blocks(own, rows, cols, seed * 1000 + j)
+        own_type = gguf.GGMLQuantizationType[own]
+        writer.add_tensor(f"{name}.weight", raw, raw_shape=raw.shape, raw_dtype=own_type)
     norms = ["output_norm"] + [
         f"blk.{i}.{n}" for i in range(config.num_hidden_layers) for n in ("attn_norm", "ffn_norm")
     ]

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from engine.kv.kv_cache import KVCache
 from engine.model.attention import AttentionMetadata, paged_attention
+from engine.model.cpu_decode import FusedCpuDecode
 from engine.model.linear import Embedding, Linear, SplitLinear, fused, place
 from engine.model.model_config import ModelConfig
 from engine.model.rope import RotaryEmbedding, apply_rotary
@@ -218,6 +219,9 @@ class LlamaModel:
         )
         self.dtype = dtype
         self.device = device
+        # Decode-only steps on a CPU with numba's quantized weights (engine/model/cpu_decode.py);
+        # None keeps every step on the torch forward below (subclasses have their own layers).
+        self.fused_decode = FusedCpuDecode.for_model(self) if type(self) is LlamaModel else None
 
     @torch.inference_mode()
     def forward(
@@ -234,6 +238,9 @@ class LlamaModel:
         # A list/tuple is per group; anything else serves every layer (AttentionMetadata, or the
         # contiguous baseline's span in engine/bench/contiguous_sdpa.py).
         metas = tuple(meta) if isinstance(meta, (list, tuple)) else (meta,)
+        fused = self.fused_decode
+        if fused is not None and fused.accepts(input_ids.shape[0], metas, kv_cache):
+            return fused(input_ids, positions, kv_cache, metas)
         h = self.embed_tokens(input_ids)
         ropes = self.step_rotary(positions)  # once per step, one (cos, sin) per layer
         for i, layer in enumerate(self.layers):

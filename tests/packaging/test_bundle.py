@@ -108,7 +108,9 @@ def test_terminal_generate_answers(tmp_path):
     assert "Paris" in r.stdout
     # The frozen app ran numba's CPU kernels (not torch's fallback): their compiled code is
     # cached under the data dir, as kernels/cpu_gemv.py puts it.
-    assert list((tmp_path / "data" / "cache" / "numba").glob("*/cpu_gemv_jit.*.nbi"))
+    cache = tmp_path / "data" / "cache" / "numba"
+    for module in ("cpu_gemv_jit", "cpu_decode_jit"):  # the matmuls, the fused decode's glue
+        assert list(cache.glob(f"*/*/{module}.*.nbi")), module
 
 
 def test_bundled_server_answers_openai_clients(tmp_path):

@@ -1,0 +1,318 @@
+"""Decode steps of a Llama-family model on the CPU, fused: a handful of numba calls per layer
+instead of ~60 torch ops (kernels/cpu_decode_jit.py says why).
+
+A step takes this path when every token in it is a decode token (one per sequence, at most
+GEMV_MAX_ROWS of them), the weights are in numba's quantized layout (kernels/cpu_gemv.py: a
+GGUF model on a bfloat16 CPU engine) and the KV pool is bfloat16. Anything else (prefill chunks,
+mixed steps, dense or float32 weights, an fp8 pool, Gemma's layers) keeps the torch forward.
+
+Per layer, each call's output is the next one's input, in float32 (the residual stream stays
+float32 here, where the torch path rounds it to bfloat16 after every op):
+
+    add_norm_quantize   h += down of the layer before; x = RMSNorm(h); x -> int8 per 32
+    project             qkv = x @ Wqkv (one call per matrix: a Q4_K q/k beside a Q6_K v is two)
+    rope_store_attend   bias, q/k norm, RoPE, K/V into the pool, paged attention, -> int8
+    project             o
+    add_norm_quantize   h += o; x = RMSNorm(h) -> int8
+    project             gate_up
+    silu_mul_quantize   silu(gate) * up -> int8
+    project             down
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import torch
+
+from engine.model.attention import AttentionMetadata
+from engine.model.linear import Linear, SplitLinear
+from engine.quant.cpu_layout import GEMV_MAX_ROWS, CpuQuantLinear
+from kernels import cpu_decode, cpu_gemv
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from engine.kv.kv_cache import KVCache
+    from engine.model.llama import DecoderLayer, LlamaModel
+
+
+@dataclass(frozen=True)
+class _Matrix:
+    w: cpu_gemv.QuantizedCodesT
+    col0: int  # its first output column within the projection
+
+
+@dataclass(frozen=True)
+class _Projection:
+    matrices: tuple[_Matrix, ...]
+    n: int
+    k: int
+    bias: np.ndarray  # float32 [n], or empty
+
+    @classmethod
+    def of(cls, linear: Linear | SplitLinear) -> _Projection | None:
+        parts = linear.parts if isinstance(linear, SplitLinear) else [linear]
+        matrices, biases, col0 = [], [], 0
+        for part in parts:
+            w = part.weight
+            if not isinstance(w, CpuQuantLinear) or w.gemv is None:
+                return None
+            matrices.append(_Matrix(w.gemv, col0))
+            col0 += w.n
+            if part.bias is not None:
+                biases.append(part.bias.float().numpy())
+        if biases and len(biases) != len(parts):
+            return None  # some parts with a bias, some without: not a layout the loader makes
+        ks = {m.w.k for m in matrices}
+        if len(ks) != 1:
+            return None
+        bias = np.concatenate(biases) if biases else np.zeros(0, np.float32)
+        return cls(tuple(matrices), col0, ks.pop(), np.ascontiguousarray(bias, np.float32))
+
+
+def _vector(t: torch.Tensor | None) -> np.ndarray:
+    if t is None:
+        return np.zeros(0, np.float32)
+    return np.ascontiguousarray(t.float().numpy())
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: np.ndarray
+    post_norm: np.ndarray
+    q_norm: np.ndarray
+    k_norm: np.ndarray
+    qkv: _Projection
+    o: _Projection
+    gate_up: _Projection
+    down: _Projection
+    window: int  # 0: full attention
+    scale: float
+
+    @classmethod
+    def of(cls, layer: DecoderLayer) -> _Layer | None:
+        projections = [_Projection.of(p) for p in layer.projections()]
+        if any(p is None for p in projections):
+            return None
+        return cls(
+            _vector(layer.input_norm),
+            _vector(layer.post_norm),
+            _vector(layer.q_norm),
+            _vector(layer.k_norm),
+            *projections,
+            window=layer.sliding_window or 0,
+            scale=float(layer.scale),
+        )
+
+
+class FusedCpuDecode:
+    """A LlamaModel's decode steps through kernels/cpu_decode_jit.py (see the module doc)."""
+
+    def __init__(self, model: LlamaModel, layers: list[_Layer], ns) -> None:
+        cfg = model.cfg
+        self.ns = ns
+        self.layers = layers
+        self.eps = float(cfg.rms_norm_eps)
+        self.hq, self.hkv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.hidden = cfg.hidden_size
+        self.final_norm = _vector(model.norm)
+        self.embed = model.embed_tokens
+        self.rope = model.rope
+        self.dtype = model.dtype
+        self._pool_views: tuple[int, list[tuple[np.ndarray, np.ndarray]]] | None = None
+
+    @classmethod
+    def for_model(cls, model: LlamaModel) -> FusedCpuDecode | None:
+        """The fused path for `model`, or None where its weights or shapes do not fit it."""
+        cfg = model.cfg
+        if model.device.type != "cpu" or model.dtype != torch.bfloat16:
+            return None
+        if cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
+            return None
+        layers = [_Layer.of(layer) for layer in model.layers]
+        if not layers or any(lay is None for lay in layers):
+            return None
+        ns = cpu_decode.load()
+        if ns is None:
+            return None
+        fused = cls(model, layers, ns)
+        fused.warm_up()
+        return fused
+
+    def warm_up(self) -> None:
+        """Compile (or load from numba's cache) the matmul entries for each kind of matrix the
+        model has, on its own weights: the first decode step then does not wait for them."""
+        threads = torch.get_num_threads()
+        tables = [self.ns.project] + ([self.ns.project_parallel] if threads > 1 else [])
+        seen = set()
+        for layer in self.layers:
+            for p in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                for mat in p.matrices:
+                    w = mat.w
+                    kind = (w.bits, w.codes.dtype, w.codes.ndim, w.scale.dtype)
+                    if kind in seen:
+                        continue
+                    seen.add(kind)
+                    r = _Buffers(1).rounded_as(p.k, w.act_group)
+                    for a in r[:3]:
+                        a.fill(0)
+                    y = np.empty((1, p.n), np.float32)
+                    for table in tables:
+                        args = (w.codes, w.scale, w.low, w.group, w.run, w.n, *r[:3], y, mat.col0)
+                        table[w.bits](*args)
+
+    def accepts(
+        self, num_tokens: int, metas: Sequence[AttentionMetadata], kv_cache: KVCache
+    ) -> bool:
+        return (
+            0 < num_tokens <= GEMV_MAX_ROWS
+            and kv_cache.dtype == torch.bfloat16
+            and all(
+                isinstance(m, AttentionMetadata) and m.num_decode_tokens == num_tokens
+                for m in metas
+            )
+        )
+
+    def _pools(self, kv_cache: KVCache) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each layer's K and V pool as bfloat16 bits, views made once per pool."""
+        key = kv_cache.data.data_ptr()
+        if self._pool_views is None or self._pool_views[0] != key:
+            views = []
+            for i in range(len(self.layers)):
+                k, v = kv_cache.layer(i)
+                views.append(tuple(t.view(torch.int16).numpy().view(np.uint16) for t in (k, v)))
+            self._pool_views = (key, views)
+        return self._pool_views[1]
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: KVCache,
+        metas: Sequence[AttentionMetadata],
+    ) -> torch.Tensor:
+        """Hidden states after the final norm, [T, hidden] in the model's dtype, as
+        LlamaModel.forward returns them."""
+        ns = self.ns
+        m = input_ids.shape[0]
+        threads = torch.get_num_threads()
+        project = ns.project if threads == 1 else ns.project_parallel
+        if threads > 1:
+            ns.numba.set_num_threads(min(threads, ns.numba.config.NUMBA_NUM_THREADS))
+        h = self.embed(input_ids).float().numpy()
+        h = np.ascontiguousarray(h)
+        cos, sin = (t.reshape(m, self.head_dim).numpy() for t in self.rope.cos_sin(positions))
+        groups = [
+            (
+                m_.slot_mapping.numpy(),
+                m_.decode_block_tables.numpy(),
+                m_.decode_seq_lens.numpy(),
+            )
+            for m_ in metas
+        ]
+        pools = self._pools(kv_cache)
+        buffers = _Buffers(m)
+        x = buffers.x(self.hidden)
+        delta = h[:0]
+        for i, layer in enumerate(self.layers):
+            r = buffers.rounded(layer.qkv)
+            ns.add_norm_quantize(h, delta, layer.input_norm, self.eps, r.group, x, *r[:3])
+            qkv = buffers.out("qkv", layer.qkv.n)
+            self._project(project, layer.qkv, x, r, buffers, qkv)
+            slots, tables, lens = groups[kv_cache.group_of(i) if len(groups) > 1 else 0]
+            k_pool, v_pool = pools[i]
+            attn = buffers.out("attn", self.hq * self.head_dim)
+            r = buffers.rounded(layer.o)
+            ns.rope_store_attend(
+                qkv,
+                layer.qkv.bias,
+                layer.q_norm,
+                layer.k_norm,
+                self.eps,
+                cos,
+                sin,
+                k_pool,
+                v_pool,
+                slots,
+                tables,
+                lens,
+                layer.window,
+                layer.scale,
+                self.hq,
+                self.hkv,
+                attn,
+                r.group,
+                *r[:3],
+            )
+            o = buffers.out("o", layer.o.n)
+            self._project(project, layer.o, attn, r, buffers, o)
+            r = buffers.rounded(layer.gate_up)
+            ns.add_norm_quantize(h, o, layer.post_norm, self.eps, r.group, x, *r[:3])
+            gate_up = buffers.out("gate_up", layer.gate_up.n)
+            self._project(project, layer.gate_up, x, r, buffers, gate_up)
+            act = buffers.out("act", layer.down.k)
+            r = buffers.rounded(layer.down)
+            ns.silu_mul_quantize(gate_up, act, r.group, *r[:3])
+            delta = buffers.out("down", layer.down.n)
+            self._project(project, layer.down, act, r, buffers, delta)
+        h += delta
+        out = np.empty_like(h)
+        ns.norm_rows(h, self.final_norm, self.eps, out)
+        return torch.from_numpy(out).to(self.dtype)
+
+    def _project(
+        self, project, p: _Projection, x: np.ndarray, r: _Rounded, buffers: _Buffers, y
+    ) -> None:
+        """y = x @ p from `r`, x rounded per p's first matrix's activation group; a matrix with
+        another group (a Q6_K v's 16 beside a Q4_K q's 32) rounds x its own way first."""
+        for mat in p.matrices:
+            w = mat.w
+            if w.act_group != r.group:
+                r = buffers.rounded_as(p.k, w.act_group)
+                self.ns.quantize_rows(x, w.act_group, *r[:3])
+            project[w.bits](w.codes, w.scale, w.low, w.group, w.run, w.n, *r[:3], y, mat.col0)
+
+
+class _Rounded(NamedTuple):
+    """Activations rounded to int8 per group (kernels/cpu_gemv_jit.quantize_rows)."""
+
+    xq: np.ndarray
+    xd: np.ndarray
+    xs: np.ndarray
+    group: int
+
+
+class _Buffers:
+    """One step's scratch arrays, by name and width."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self._arrays: dict[tuple[str, int], np.ndarray] = {}
+
+    def out(self, name: str, width: int) -> np.ndarray:
+        return self._get(name, width, np.float32)
+
+    def x(self, width: int) -> np.ndarray:
+        return self._get("x", width, np.float32)
+
+    def rounded(self, p: _Projection) -> _Rounded:
+        """Buffers for p's input, rounded per its first matrix's activation group."""
+        return self.rounded_as(p.k, p.matrices[0].w.act_group)
+
+    def rounded_as(self, k: int, group: int) -> _Rounded:
+        return _Rounded(
+            self._get(f"xq{group}", k, np.int8),
+            self._get(f"xd{group}", k // group, np.float32),
+            self._get(f"xs{group}", k // group, np.float32),
+            group,
+        )
+
+    def _get(self, name: str, width: int, dtype) -> np.ndarray:
+        key = (name, width)
+        arr = self._arrays.get(key)
+        if arr is None:
+            arr = self._arrays[key] = np.empty((self.rows, width), dtype)
+        return arr

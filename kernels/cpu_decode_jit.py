@@ -1,0 +1,276 @@
+"""numba kernels for the glue of one decode step of a Llama-family layer on the CPU: everything
+between the quantized matmuls (kernels/cpu_gemv_jit.py), in float32, on numpy arrays.
+
+Why: at decode a layer's glue is ~60 small torch ops (norms, RoPE, the K/V store, a gathered
+attention, SiLU, residuals) whose dispatch costs more than their arithmetic: measured 28 of the
+50 ms of a bundled-model step at one thread, against 22 ms of matmuls. Here each stretch between
+two matmuls is one call, and its output is already the next matmul's int8-rounded input.
+
+The KV pool is bfloat16, read and written as its bits (uint16): `cache[block, offset, kv_head]`
+is one head's row of D values, as the torch reference lays it out (kernels/torch_ref.py).
+Imported only through kernels/cpu_decode.py, which keeps numba optional.
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.cpu_gemv_jit import chunk4, chunk8, opts, quantize_rows
+
+BF16_ROUND = np.uint32(0x7FFF)
+SIXTEEN = np.uint32(16)
+ONE = np.uint32(1)
+
+
+@njit(**opts)
+def add_norm_quantize(h, delta, weight, eps, act_group, x, xq, xd, xs):
+    """h += delta (skipped when delta has no rows), then x = RMSNorm(h) * weight, rounded to
+    int8 per act_group into xq/xd/xs (the next matmul's input). h, delta, x: float32 [M, H]."""
+    m_rows, width = h.shape
+    for m in range(m_rows):
+        hm = h[m]
+        if delta.shape[0]:
+            dm = delta[m]
+            for j in range(width):
+                hm[j] += dm[j]
+        total = np.float32(0.0)
+        for j in range(width):
+            total += hm[j] * hm[j]
+        inv = np.float32(1.0) / np.float32(math.sqrt(total / np.float32(width) + eps))
+        xm = x[m]
+        for j in range(width):
+            xm[j] = hm[j] * inv * weight[j]
+    quantize_rows(x, act_group, xq, xd, xs)
+
+
+@njit(**opts)
+def norm_rows(h, weight, eps, out):
+    """out = RMSNorm(h) * weight, float32 [M, H] (the model's final norm)."""
+    m_rows, width = h.shape
+    for m in range(m_rows):
+        total = np.float32(0.0)
+        for j in range(width):
+            total += h[m, j] * h[m, j]
+        inv = np.float32(1.0) / np.float32(math.sqrt(total / np.float32(width) + eps))
+        for j in range(width):
+            out[m, j] = h[m, j] * inv * weight[j]
+
+
+@njit(**opts)
+def silu_mul_quantize(gate_up, x, act_group, xq, xd, xs):
+    """x = silu(gate) * up for gate_up = [gate | up] float32 [M, 2I], rounded to int8."""
+    m_rows, inter = x.shape
+    for m in range(m_rows):
+        g = gate_up[m]
+        xm = x[m]
+        for j in range(inter):
+            a = g[j]
+            xm[j] = a / (np.float32(1.0) + np.float32(math.exp(-a))) * g[inter + j]
+    quantize_rows(x, act_group, xq, xd, xs)
+
+
+@njit(**opts)
+def _scatter(tmp, y, col0, start, n):
+    m_rows, width = tmp.shape
+    stop = min(width, n - start)
+    for m in range(m_rows):
+        for j in range(stop):
+            y[m, col0 + start + j] = tmp[m, j]
+
+
+@njit(**opts)
+def project4(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
+    """Columns [col0, col0 + n) of y float32 [M, N] = int8 activations @ one 4-bit matrix
+    (kernels/cpu_gemv.py's layout, chunk by chunk, on one thread)."""
+    chunks = codes.shape[0]
+    width = scale.shape[2]
+    tmp = np.empty((xq.shape[0], width), np.float32)
+    part = np.empty(width, np.int32)
+    p16 = np.empty(width, np.int16)
+    for c in range(chunks):
+        chunk4(codes[c], scale[c], low[c], xq, xd, xs, group, run, tmp, part, p16)
+        _scatter(tmp, y, col0, c * width, n)
+
+
+@njit(**opts)
+def project8(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
+    """project4 for centred 8-bit codes."""
+    chunks = codes.shape[0]
+    width = scale.shape[2]
+    tmp = np.empty((xq.shape[0], width), np.float32)
+    part = np.empty(width, np.int32)
+    p16 = np.empty(width, np.int16)
+    for c in range(chunks):
+        chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, run, tmp, part, p16)
+        _scatter(tmp, y, col0, c * width, n)
+
+
+@njit(parallel=True, **opts)
+def project4_parallel(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
+    """project4 with the chunks shared among numba's threads."""
+    chunks = codes.shape[0]
+    width = scale.shape[2]
+    tmp = np.empty((chunks, xq.shape[0], width), np.float32)
+    part = np.empty((chunks, width), np.int32)
+    p16 = np.empty((chunks, width), np.int16)
+    for c in prange(chunks):
+        chunk4(codes[c], scale[c], low[c], xq, xd, xs, group, run, tmp[c], part[c], p16[c])
+        _scatter(tmp[c], y, col0, c * width, n)
+
+
+@njit(parallel=True, **opts)
+def project8_parallel(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
+    chunks = codes.shape[0]
+    width = scale.shape[2]
+    tmp = np.empty((chunks, xq.shape[0], width), np.float32)
+    part = np.empty((chunks, width), np.int32)
+    p16 = np.empty((chunks, width), np.int16)
+    for c in prange(chunks):
+        chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, run, tmp[c], part[c], p16[c])
+        _scatter(tmp[c], y, col0, c * width, n)
+
+
+@njit(**opts)
+def _head_norm(row, base, d, weight, eps):
+    total = np.float32(0.0)
+    for i in range(d):
+        total += row[base + i] * row[base + i]
+    inv = np.float32(1.0) / np.float32(math.sqrt(total / np.float32(d) + eps))
+    for i in range(d):
+        row[base + i] = row[base + i] * inv * weight[i]
+
+
+@njit(**opts)
+def _rotate(row, base, half, cos, sin):
+    """HF's rotate_half RoPE on one head, in place: x * cos + rotate_half(x) * sin."""
+    for i in range(half):
+        a = row[base + i]
+        b = row[base + half + i]
+        row[base + i] = a * cos[i] - b * sin[i]
+        row[base + half + i] = b * cos[half + i] + a * sin[half + i]
+
+
+@njit(**opts)
+def _store_bf16(bits, dest, base, d):
+    """dest[0:d] (uint16) = float32 values [base, base + d) of a row, given as its uint32 view
+    `bits`, rounded to bfloat16 (to nearest even)."""
+    for i in range(d):
+        v = bits[base + i]
+        v += BF16_ROUND + ((v >> SIXTEEN) & ONE)
+        dest[i] = np.uint16(v >> SIXTEEN)
+
+
+@njit(**opts)
+def _load_bf16(src, out_bits, d):
+    for i in range(d):
+        out_bits[i] = np.uint32(src[i]) << SIXTEEN
+
+
+@njit(**opts)
+def rope_store_attend(
+    qkv,
+    bias,
+    q_norm,
+    k_norm,
+    eps,
+    cos,
+    sin,
+    k_cache,
+    v_cache,
+    slots,
+    block_tables,
+    seq_lens,
+    window,
+    scale,
+    hq,
+    hkv,
+    out,
+    act_group,
+    xq,
+    xd,
+    xs,
+):
+    """One decode token per row of qkv = [q | k | v] float32 [M, (hq + 2 hkv) D]: bias, per-head
+    q/k norm (Qwen3; skipped when the weights are empty), RoPE with cos/sin [M, D]; K and V are
+    stored at slots[m] (-1: padding, not stored) and row m attends to its sequence's first
+    seq_lens[m] positions through block_tables[m] (only the last `window` when window > 0: a
+    sliding window, whose earlier table entries may be stale and are not read). The output
+    [M, hq D] is rounded to int8 for o_proj. k_cache/v_cache: uint16 bfloat16 bits
+    [blocks, block_size, hkv, D]."""
+    m_rows = qkv.shape[0]
+    block_size = k_cache.shape[1]
+    d = k_cache.shape[3]
+    half = d // 2
+    per_kv = hq // hkv
+    bits = qkv.view(np.uint32)
+    kv_row = np.empty(d, np.float32)
+    kv_bits = kv_row.view(np.uint32)
+    for m in range(m_rows):
+        row = qkv[m]
+        if bias.shape[0]:
+            for j in range(row.shape[0]):
+                row[j] += bias[j]
+        for head in range(hq + hkv):
+            if q_norm.shape[0]:
+                _head_norm(row, head * d, d, q_norm if head < hq else k_norm, eps)
+            _rotate(row, head * d, half, cos[m], sin[m])
+        slot = slots[m]
+        if slot >= 0:
+            block, offset = slot // block_size, slot % block_size
+            for g in range(hkv):
+                _store_bf16(bits[m], k_cache[block, offset, g], (hq + g) * d, d)
+                _store_bf16(bits[m], v_cache[block, offset, g], (hq + hkv + g) * d, d)
+        length = seq_lens[m]
+        start = max(0, length - window) if window > 0 else 0
+        scores = np.empty((per_kv, length - start), np.float32)
+        om = out[m]
+        for g in range(hkv):
+            for j in range(start, length):
+                block = block_tables[m, j // block_size]
+                _load_bf16(k_cache[block, j % block_size, g], kv_bits, d)
+                for r in range(per_kv):
+                    base = (g * per_kv + r) * d
+                    s = np.float32(0.0)
+                    for i in range(d):
+                        s += row[base + i] * kv_row[i]
+                    scores[r, j - start] = s * scale
+            for r in range(per_kv):
+                sr = scores[r]
+                top = sr.max()
+                total = np.float32(0.0)
+                for j in range(sr.shape[0]):
+                    e = np.float32(math.exp(sr[j] - top))
+                    sr[j] = e
+                    total += e
+                inv = np.float32(1.0) / total
+                for j in range(sr.shape[0]):
+                    sr[j] *= inv
+                base = (g * per_kv + r) * d
+                for i in range(d):
+                    om[base + i] = 0.0
+            for j in range(start, length):
+                block = block_tables[m, j // block_size]
+                _load_bf16(v_cache[block, j % block_size, g], kv_bits, d)
+                for r in range(per_kv):
+                    base = (g * per_kv + r) * d
+                    p = scores[r, j - start]
+                    for i in range(d):
+                        om[base + i] += p * kv_row[i]
+    quantize_rows(out, act_group, xq, xd, xs)
+
+
+@njit(**opts)
+def rows_to_bf16(x, out):
+    """float32 [M, H] -> bfloat16 bits uint16 [M, H], to nearest even."""
+    bits = x.view(np.uint32)
+    for m in range(x.shape[0]):
+        _store_bf16(bits[m], out[m], 0, x.shape[1])
+
+
+@njit(**opts)
+def bf16_rows(bits, out):
+    """bfloat16 bits uint16 [M, H] -> float32 [M, H]."""
+    out_bits = out.view(np.uint32)
+    for m in range(bits.shape[0]):
+        _load_bf16(bits[m], out_bits[m], bits.shape[1])
