@@ -51,19 +51,26 @@ def test_bench_writes_consistent_report_and_plot(tmp_path, default_model, hf_def
     assert static["useful_tokens"] <= static["generated_slots"]
     assert 0.0 <= static["wasted_token_share"] < 1.0
     assert seq["num_requests"] == seq["batch_size"] == 1
-    for run in (ours, static, seq):
+    quantized = report["ours_quantized"]
+    # The engine as users run it: the GGUF kept quantized, bfloat16 with numba's kernels.
+    assert quantized["dtype"] == "bfloat16" and quantized["weight_layout"] == "cpu-gemv"
+    assert quantized["useful_tokens"] == sum(quantized["generated_tokens"])
+    assert all(1 <= n <= 8 for n in quantized["generated_tokens"])
+    for run in (ours, quantized, static, seq):
         assert run["useful_tokens_per_s"] > 0 and run["wall_s"] > 0
     assert ours["ttft_p50_s"] <= ours["ttft_p90_s"]
 
     decode = report["decode_batch1"]
     assert decode["roofline"]["bandwidth_gb_s"] > 0
     assert decode["roofline"]["bytes_per_token"] > decode["roofline"]["weight_bytes"] > 0
-    for key in ("ours_tokens_per_s", "hf_tokens_per_s", "ours_pct_of_roofline"):
+    keys = ("ours_tokens_per_s", "hf_tokens_per_s", "ours_pct_of_roofline")
+    for key in (*keys, "ours_quantized_tokens_per_s", "ours_quantized_pct_of_roofline"):
         assert decode[key] > 0
     for target in report["targets"].values():
         assert target["ratio"] > 0 and isinstance(target["met"], bool)
     assert report["machine"]["cpu_count"] >= 1 and report["runtime_s"] > 0
     phases = {"ours_workload", "ours_decode", "hf_static", "hf_sequential", "hf_decode"}
+    phases |= {"ours_quantized_workload", "ours_quantized_decode"}
     assert phases <= report["machine"]["cpu_stall_share"].keys()
 
 

@@ -26,11 +26,16 @@ def plot_bench(report: dict, path: Path) -> None:
     throughput, decode = fig.subplots(1, 2)
 
     ours, hf_static, hf_seq = report["ours"], report["hf_static"], report["hf_sequential"]
+    quantized = report.get("ours_quantized")
     labels, values, colors = (
-        ["KVScope\n(continuous batching)"],
+        ["KVScope float32\n(continuous batching)"],
         [ours["useful_tokens_per_s"]],
         [_OURS],
     )
+    if quantized is not None:
+        labels.append(f"KVScope auto\n({quantized['dtype']}, {quantized['weight_format']})")
+        values.append(quantized["useful_tokens_per_s"])
+        colors.append(_OURS)
     if hf_static is not None:
         labels.append(f"HF generate\n(static batch {hf_static['batch_size']})")
         values.append(hf_static["useful_tokens_per_s"])
@@ -42,13 +47,20 @@ def plot_bench(report: dict, path: Path) -> None:
     title = f"Useful tokens/s, {report['workload']['num_requests']} chat requests"
     target = report["targets"]["useful_throughput_vs_hf_static"]
     if target["ratio"] is not None:
-        title += f"\n{target['ratio']:.2f}x HF static (target {target['target']:g}x)"
+        title += f"\nfloat32 {target['ratio']:.2f}x HF static (target {target['target']:g}x)"
+    q_target = report["targets"].get("useful_throughput_quantized_vs_hf_static")
+    if q_target and q_target["ratio"] is not None:
+        title += f", auto {q_target['ratio']:.2f}x (target {q_target['target']:g}x)"
     _bars(throughput, labels, values, colors, title)
 
     d = report["decode_batch1"]
-    labels = ["roofline\n(bandwidth / bytes)", "KVScope"]
+    labels = ["roofline float32\n(bandwidth / bytes)", "KVScope\nfloat32"]
     values = [d["roofline"]["tokens_per_s"], d["ours_tokens_per_s"]]
     colors = [_LIMIT, _OURS]
+    if "ours_quantized_tokens_per_s" in d:
+        labels += ["roofline auto", "KVScope\nauto"]
+        values += [d["quantized_roofline"]["tokens_per_s"], d["ours_quantized_tokens_per_s"]]
+        colors += [_LIMIT, _OURS]
     if d["hf_tokens_per_s"] is not None:
         labels.append("HF generate")
         values.append(d["hf_tokens_per_s"])
@@ -57,5 +69,5 @@ def plot_bench(report: dict, path: Path) -> None:
     share = f"{d['ours_pct_of_roofline']:.0f}% of roofline (target {target['target']:.0%})"
     title = f"Batch-1 decode\n{share}"
     _bars(decode, labels, values, colors, title)
-    fig.suptitle(f"KVScope bench: {report['model']['name']}, float32, CPU")
+    fig.suptitle(f"KVScope bench: {report['model']['name']}, CPU")
     fig.savefig(path, dpi=110)
