@@ -11,6 +11,7 @@ from tiny_models import make_quant_gguf
 from engine import LLM
 from engine.kv.kv_cache import KVCache
 from engine.model.attention import AttentionMetadata
+from engine.model import cpu_decode
 from engine.model.cpu_decode import FusedCpuDecode
 from kernels import cpu_gemv
 
@@ -196,7 +197,8 @@ def test_other_steps_keep_the_torch_forward(models):
     assert fused.accepts(2, [decode], pool)
     mixed = AttentionMetadata.single_prefill(4, BLOCK, torch.device("cpu"))
     assert not fused.accepts(4, [mixed], pool)  # a prefill chunk
-    many = _decode_meta([[1]] * 40, [3] * 40)
-    assert not fused.accepts(40, [many], pool)  # more rows than the integer kernel takes
+    rows = cpu_decode.MAX_ROWS + 1
+    many = _decode_meta([[1]] * rows, [3] * rows)
+    assert not fused.accepts(rows, [many], pool)  # a batch past what its int8 matmuls win
     fp8 = KVCache(2, 4, BLOCK, 2, 64, torch.float8_e4m3fn, torch.device("cpu"))
     assert not fused.accepts(2, [decode], fp8)

@@ -2,7 +2,7 @@
 instead of ~60 torch ops (kernels/cpu_decode_jit.py says why).
 
 A step takes this path when every token in it is a decode token (one per sequence, at most
-GEMV_MAX_ROWS of them), the weights are in numba's quantized layout (kernels/cpu_gemv.py: a
+MAX_ROWS of them), the weights are in numba's quantized layout (kernels/cpu_gemv.py: a
 GGUF model on a bfloat16 CPU engine) and the KV pool is bfloat16. Anything else (prefill chunks,
 mixed steps, dense or float32 weights, an fp8 pool, Gemma's layers) keeps the torch forward.
 
@@ -21,6 +21,7 @@ float32 here, where the torch path rounds it to bfloat16 after every op):
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -29,8 +30,15 @@ import torch
 
 from engine.model.attention import AttentionMetadata
 from engine.model.linear import Linear, SplitLinear
-from engine.quant.cpu_layout import GEMV_MAX_ROWS, CpuQuantLinear
+from engine.model.parallel_choice import ParallelChoice
+from engine.quant.cpu_layout import CpuQuantLinear
 from kernels import cpu_decode, cpu_gemv
+
+# Decode rows the fused path takes (the engine's default max_num_seqs). Its int8 matmuls cost
+# about linearly in the rows, yet beat the torch path's float32 GEMM on dequantized weights
+# there: bundled model, one thread, greedy decode tokens/s fused vs torch at 40 rows 103 vs 55,
+# 48 rows 133 vs 87, 64 rows 104 vs 68 (the torch path keeps the int8 kernel up to 32 rows).
+MAX_ROWS = 64
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -123,6 +131,8 @@ class FusedCpuDecode:
         self.rope = model.rope
         self.dtype = model.dtype
         self._pool_views: tuple[int, list[tuple[np.ndarray, np.ndarray]]] | None = None
+        # Threads or one, by measurement (engine/model/parallel_choice.py says why).
+        self.choice = ParallelChoice(torch.get_num_threads())
 
     @classmethod
     def for_model(cls, model: LlamaModel) -> FusedCpuDecode | None:
@@ -168,7 +178,7 @@ class FusedCpuDecode:
         self, num_tokens: int, metas: Sequence[AttentionMetadata], kv_cache: KVCache
     ) -> bool:
         return (
-            0 < num_tokens <= GEMV_MAX_ROWS
+            0 < num_tokens <= MAX_ROWS
             and kv_cache.dtype == torch.bfloat16
             and all(
                 isinstance(m, AttentionMetadata) and m.num_decode_tokens == num_tokens
@@ -199,8 +209,12 @@ class FusedCpuDecode:
         ns = self.ns
         m = input_ids.shape[0]
         threads = torch.get_num_threads()
-        project = ns.project if threads == 1 else ns.project_parallel
-        if threads > 1:
+        if self.choice.threads != threads:
+            self.choice = ParallelChoice(threads)
+        parallel = self.choice.for_step(m)
+        started = time.perf_counter()
+        project = ns.project_parallel if parallel else ns.project
+        if parallel:
             ns.numba.set_num_threads(min(threads, ns.numba.config.NUMBA_NUM_THREADS))
         h = self.embed(input_ids).float().numpy()
         h = np.ascontiguousarray(h)
@@ -261,6 +275,7 @@ class FusedCpuDecode:
         h += delta
         out = np.empty_like(h)
         ns.norm_rows(h, self.final_norm, self.eps, out)
+        self.choice.record(m, parallel, time.perf_counter() - started)
         return torch.from_numpy(out).to(self.dtype)
 
     def _project(
