@@ -32,6 +32,7 @@ def load() -> SimpleNamespace | None:
             numba=gemv.numba,
             add_norm_quantize=jit.add_norm_quantize,
             norm_rows=jit.norm_rows,
+            add_rows=jit.add_rows,
             silu_mul_quantize=jit.silu_mul_quantize,
             rope_store_attend=jit.rope_store_attend,
             rows_to_bf16=jit.rows_to_bf16,
@@ -57,6 +58,7 @@ def _warm_up(ns: SimpleNamespace) -> None:
     ns.add_norm_quantize(h, h, weight, 1e-5, group, x, xq, xd, xs)
     ns.add_norm_quantize(h, h[:0], weight, 1e-5, group, x, xq, xd, xs)
     ns.norm_rows(h, weight, 1e-5, x)
+    ns.add_rows(h, x)
     ns.silu_mul_quantize(f32((m, 2 * hidden)), x, group, xq, xd, xs)
     bits = np.zeros((m, hidden), np.uint16)
     ns.rows_to_bf16(h, bits)

@@ -4,14 +4,15 @@ different lengths in scattered blocks, decoded a few steps, logits and the K/V w
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from tiny_models import make_quant_gguf
 
 from engine import LLM
 from engine.kv.kv_cache import KVCache
-from engine.model.attention import AttentionMetadata
 from engine.model import cpu_decode
+from engine.model.attention import AttentionMetadata
 from engine.model.cpu_decode import FusedCpuDecode
 from kernels import cpu_gemv
 
@@ -202,3 +203,18 @@ def test_other_steps_keep_the_torch_forward(models):
     assert not fused.accepts(rows, [many], pool)  # a batch past what its int8 matmuls win
     fp8 = KVCache(2, 4, BLOCK, 2, 64, torch.float8_e4m3fn, torch.device("cpu"))
     assert not fused.accepts(2, [decode], fp8)
+
+
+def test_softmax_exp_is_exact_to_float32_noise():
+    """The attention's vectorisable exp (kernels/cpu_decode_jit._exp_below_zero) against
+    numpy's, over the range a max-subtracted score takes."""
+    from kernels import cpu_decode as kernels_decode
+
+    assert kernels_decode.load() is not None
+    from kernels.cpu_decode_jit import _exp_below_zero
+
+    x = np.linspace(-87, 0, 20001, dtype=np.float32)
+    got = x.copy()
+    _exp_below_zero(got, np.empty(x.shape[0], np.int32))
+    want = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(got - want) / want) < 2e-5
