@@ -262,16 +262,16 @@ def summarize(report: dict) -> str:
     ours, static, seq = report["ours"], report["hf_static"], report["hf_sequential"]
     d, m, r = report["decode_batch1"], report["machine"], report["decode_batch1"]["roofline"]
     lines = [
-        f"KVScope bench: {report['model']['name']}, float32, CPU ({m['cpu_count']} cores, "
-        f"{m['torch_threads']} torch threads), {report['workload']['num_requests']} chat requests",
-        f"  ours        {ours['useful_tokens_per_s']:7.1f} useful tok/s  "
+        f"KVScope bench: {report['model']['name']}, CPU ({m['cpu_count']} cores), "
+        f"{report['workload']['num_requests']} chat requests",
+        f"  ours, float32 {ours['useful_tokens_per_s']:5.1f} useful tok/s  "
         f"({ours['useful_tokens']} tokens in {ours['wall_s']:.1f} s; TTFT mean "
         f"{ours['ttft_mean_s']:.2f} s, p50 {ours['ttft_p50_s']:.2f}, p90 {ours['ttft_p90_s']:.2f}; "
         f"peak running {ours['peak_num_running']}, preemptions {ours['num_preemptions']})",
     ]
     q = report["ours_quantized"]
     lines.append(
-        f"  ours, auto  {q['useful_tokens_per_s']:7.1f} useful tok/s  "
+        f"  ours, auto    {q['useful_tokens_per_s']:5.1f} useful tok/s  "
         f"({q['dtype']}, {q['weight_format']} kept, {q['weight_layout']}; "
         f"{q['wall_s']:.1f} s; TTFT mean {q['ttft_mean_s']:.2f} s)"
     )
