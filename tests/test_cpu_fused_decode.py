@@ -117,8 +117,7 @@ def _error(logits: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
     return max(float((a - b).abs().max() / b.std()) for a, b in zip(logits, ref, strict=True))
 
 
-CASES = {
-    "Q4_0": ("Q4_0", None),
+CASES = {  # 4-bit and 8-bit codes, float16 and float32 scales, one matrix and two
     "Q4_1": ("Q4_1", None),
     "Q8_0": ("Q8_0", None),
     # llama.cpp's Q4_K_M mix: q/k and v of different formats and activation groups (32, 16).
