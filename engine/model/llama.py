@@ -231,7 +231,8 @@ class LlamaModel:
         kv_cache: KVCache,
         meta: AttentionMetadata | Sequence[AttentionMetadata],
     ) -> torch.Tensor:
-        """Hidden states after the final norm, [T, hidden].
+        """Hidden states after the final norm, [T, hidden] (in the model's dtype; float32 from
+        the fused CPU decode, whose quantized head takes them as they are).
 
         `meta`: one AttentionMetadata for every layer, or one per KV group of the cache's
         layout (each group has its own block tables and slots); layer i uses its group's."""
