@@ -193,9 +193,11 @@ class FusedCpuDecode:
         )
 
     def _pools(self, kv_cache: KVCache) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each layer's K and V pool as bfloat16 bits, views made once per pool."""
+        """Each layer's K and V pool as bfloat16 bits, views made once per pool. A new pool
+        drops the plans made for the old one: their views would keep its memory alive."""
         key = kv_cache.data.data_ptr()
         if self._pool_views is None or self._pool_views[0] != key:
+            self._plans.clear()
             views = []
             for i in range(len(self.layers)):
                 k, v = kv_cache.layer(i)
@@ -238,14 +240,16 @@ class FusedCpuDecode:
         """The step's calls with their arrays, made once per batch size and reused: a step then
         copies its inputs in and runs ~8 calls a layer with nothing to look up (measured: the
         Python between the kernels was 2.3 of a 15.5 ms step built afresh each time)."""
-        key = (m, parallel, kv_cache.data.data_ptr(), groups)
+        pools = self._pools(kv_cache)  # first: a new pool clears the plans
+        key = (m, parallel, groups)
         plan = self._plans.get(key)
         if plan is None or plan.width < width:
-            plan = self._plans[key] = self._build_plan(m, parallel, kv_cache, groups, width * 2)
+            plan = self._build_plan(m, parallel, pools, kv_cache, groups, width * 2)
+            self._plans[key] = plan
         return plan
 
     def _build_plan(
-        self, m: int, parallel: bool, kv_cache: KVCache, groups: int, width: int
+        self, m: int, parallel: bool, pools: list, kv_cache: KVCache, groups: int, width: int
     ) -> _Plan:
         ns = self.ns
         project = ns.project_parallel if parallel else ns.project
@@ -256,7 +260,6 @@ class FusedCpuDecode:
             (np.zeros(m, np.int64), np.zeros((m, width), np.int32), np.ones(m, np.int32))
             for _ in range(groups)
         ]
-        pools = self._pools(kv_cache)
         x = buffers.x(self.hidden)
         calls: list[tuple] = []
         delta = h[:0]
