@@ -35,8 +35,6 @@ def load() -> SimpleNamespace | None:
             add_rows=jit.add_rows,
             silu_mul_quantize=jit.silu_mul_quantize,
             rope_store_attend=jit.rope_store_attend,
-            rows_to_bf16=jit.rows_to_bf16,
-            bf16_rows=jit.bf16_rows,
             quantize_rows=jit.quantize_rows,
             project={4: jit.project4, 8: jit.project8},
             project_parallel={4: jit.project4_parallel, 8: jit.project8_parallel},
@@ -60,9 +58,6 @@ def _warm_up(ns: SimpleNamespace) -> None:
     ns.norm_rows(h, weight, 1e-5, x)
     ns.add_rows(h, x)
     ns.silu_mul_quantize(f32((m, 2 * hidden)), x, group, xq, xd, xs)
-    bits = np.zeros((m, hidden), np.uint16)
-    ns.rows_to_bf16(h, bits)
-    ns.bf16_rows(bits, h)
     qkv = f32((m, (hq + 2 * hkv) * d))
     cache = np.zeros((2, 4, hkv, d), np.uint16)
     out = f32((m, hq * d))

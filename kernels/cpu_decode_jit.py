@@ -14,9 +14,16 @@ Imported only through kernels/cpu_decode.py, which keeps numba optional.
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from kernels.cpu_gemv_jit import chunk4, chunk8, opts, quantize_rows
+from kernels.cpu_gemv_jit import (
+    opts,
+    quantize_rows,
+    rounded4,
+    rounded4_parallel,
+    rounded8,
+    rounded8_parallel,
+)
 
 LOG2E = np.float32(1.4426950408889634)
 # 2^f = e^(f ln 2) for f in [0, 1): its Taylor terms (ln 2)^k / k! to k = 6, relative error
@@ -91,64 +98,46 @@ def silu_mul_quantize(gate_up, x, act_group, xq, xd, xs):
 
 
 @njit(**opts)
-def _scatter(tmp, y, col0, start, n):
-    m_rows, width = tmp.shape
-    stop = min(width, n - start)
-    for m in range(m_rows):
-        for j in range(stop):
-            y[m, col0 + start + j] = tmp[m, j]
+def _scatter(tmp, y, col0, n):
+    """Columns [col0, col0 + n) of y [M, N] from a matmul's [chunks, M, Nc] output."""
+    chunks, m_rows, width = tmp.shape
+    for c in range(chunks):
+        stop = min(width, n - c * width)
+        for m in range(m_rows):
+            for j in range(stop):
+                y[m, col0 + c * width + j] = tmp[c, m, j]
 
 
 @njit(**opts)
 def project4(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
     """Columns [col0, col0 + n) of y float32 [M, N] = int8 activations @ one 4-bit matrix
-    (kernels/cpu_gemv.py's layout, chunk by chunk, on one thread)."""
-    chunks = codes.shape[0]
-    width = scale.shape[2]
-    tmp = np.empty((xq.shape[0], width), np.float32)
-    part = np.empty(width, np.int32)
-    p16 = np.empty(width, np.int16)
-    for c in range(chunks):
-        chunk4(codes[c], scale[c], low[c], xq, xd, xs, group, run, tmp, part, p16)
-        _scatter(tmp, y, col0, c * width, n)
+    (kernels/cpu_gemv.py's layout, on one thread)."""
+    tmp = np.empty((scale.shape[0], xq.shape[0], scale.shape[2]), np.float32)
+    rounded4(codes, scale, low, xq, xd, xs, group, run, tmp)
+    _scatter(tmp, y, col0, n)
 
 
 @njit(**opts)
 def project8(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
     """project4 for centred 8-bit codes."""
-    chunks = codes.shape[0]
-    width = scale.shape[2]
-    tmp = np.empty((xq.shape[0], width), np.float32)
-    part = np.empty(width, np.int32)
-    p16 = np.empty(width, np.int16)
-    for c in range(chunks):
-        chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, run, tmp, part, p16)
-        _scatter(tmp, y, col0, c * width, n)
+    tmp = np.empty((scale.shape[0], xq.shape[0], scale.shape[2]), np.float32)
+    rounded8(codes, scale, low, xq, xd, xs, group, run, tmp)
+    _scatter(tmp, y, col0, n)
 
 
-@njit(parallel=True, **opts)
+@njit(**opts)
 def project4_parallel(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
     """project4 with the chunks shared among numba's threads."""
-    chunks = codes.shape[0]
-    width = scale.shape[2]
-    tmp = np.empty((chunks, xq.shape[0], width), np.float32)
-    part = np.empty((chunks, width), np.int32)
-    p16 = np.empty((chunks, width), np.int16)
-    for c in prange(chunks):
-        chunk4(codes[c], scale[c], low[c], xq, xd, xs, group, run, tmp[c], part[c], p16[c])
-        _scatter(tmp[c], y, col0, c * width, n)
+    tmp = np.empty((scale.shape[0], xq.shape[0], scale.shape[2]), np.float32)
+    rounded4_parallel(codes, scale, low, xq, xd, xs, group, run, tmp)
+    _scatter(tmp, y, col0, n)
 
 
-@njit(parallel=True, **opts)
+@njit(**opts)
 def project8_parallel(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
-    chunks = codes.shape[0]
-    width = scale.shape[2]
-    tmp = np.empty((chunks, xq.shape[0], width), np.float32)
-    part = np.empty((chunks, width), np.int32)
-    p16 = np.empty((chunks, width), np.int16)
-    for c in prange(chunks):
-        chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, run, tmp[c], part[c], p16[c])
-        _scatter(tmp[c], y, col0, c * width, n)
+    tmp = np.empty((scale.shape[0], xq.shape[0], scale.shape[2]), np.float32)
+    rounded8_parallel(codes, scale, low, xq, xd, xs, group, run, tmp)
+    _scatter(tmp, y, col0, n)
 
 
 @njit(**opts)
@@ -300,19 +289,3 @@ def rope_store_attend(
                     for i in range(d):
                         om[base + i] += p * kv_row[i]
     quantize_rows(out, act_group, xq, xd, xs)
-
-
-@njit(**opts)
-def rows_to_bf16(x, out):
-    """float32 [M, H] -> bfloat16 bits uint16 [M, H], to nearest even."""
-    bits = x.view(np.uint32)
-    for m in range(x.shape[0]):
-        _store_bf16(bits[m], out[m], 0, x.shape[1])
-
-
-@njit(**opts)
-def bf16_rows(bits, out):
-    """bfloat16 bits uint16 [M, H] -> float32 [M, H]."""
-    out_bits = out.view(np.uint32)
-    for m in range(bits.shape[0]):
-        _load_bf16(bits[m], out_bits[m], bits.shape[1])

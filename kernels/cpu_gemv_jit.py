@@ -228,50 +228,78 @@ def rounded(x, act_group):
 
 
 @njit(**opts)
-def serial4(codes, scale, low, x, act_group, group, run):
-    xq, xd, xs = rounded(x, act_group)
-    chunks, width = scale.shape[0], scale.shape[2]
-    y = np.empty((chunks, x.shape[0], width), np.float32)
+def rounded4(codes, scale, low, xq, xd, xs, group, run, y):
+    """y float32 [chunks, M, Nc] from activations already rounded (xq, xd, xs), one thread;
+    shared with the fused decode (kernels/cpu_decode_jit.py), which rounds them itself."""
+    width = scale.shape[2]
     part = np.empty(width, np.int32)
     p16 = np.empty(width, np.int16)
-    for c in range(chunks):
+    for c in range(scale.shape[0]):
         chunk4(codes[c], scale[c], low[c], xq, xd, xs, group, run, y[c], part, p16)
+
+
+@njit(**opts)
+def rounded8(codes, scale, low, xq, xd, xs, group, run, y):
+    width = scale.shape[2]
+    part = np.empty(width, np.int32)
+    p16 = np.empty(width, np.int16)
+    for c in range(scale.shape[0]):
+        chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, run, y[c], part, p16)
+
+
+@njit(parallel=True, **opts)
+def rounded4_parallel(codes, scale, low, xq, xd, xs, group, run, y):
+    """rounded4 with the chunks shared among numba's threads."""
+    chunks, width = scale.shape[0], scale.shape[2]
+    part = np.empty((chunks, width), np.int32)
+    p16 = np.empty((chunks, width), np.int16)
+    for c in prange(chunks):
+        chunk4(codes[c], scale[c], low[c], xq, xd, xs, group, run, y[c], part[c], p16[c])
+
+
+@njit(parallel=True, **opts)
+def rounded8_parallel(codes, scale, low, xq, xd, xs, group, run, y):
+    chunks, width = scale.shape[0], scale.shape[2]
+    part = np.empty((chunks, width), np.int32)
+    p16 = np.empty((chunks, width), np.int16)
+    for c in prange(chunks):
+        chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, run, y[c], part[c], p16[c])
+
+
+@njit(**opts)
+def _output(scale, x):
+    return np.empty((scale.shape[0], x.shape[0], scale.shape[2]), np.float32)
+
+
+@njit(**opts)
+def serial4(codes, scale, low, x, act_group, group, run):
+    xq, xd, xs = rounded(x, act_group)
+    y = _output(scale, x)
+    rounded4(codes, scale, low, xq, xd, xs, group, run, y)
     return y
 
 
 @njit(**opts)
 def serial8(codes, scale, low, x, act_group, group, run):
     xq, xd, xs = rounded(x, act_group)
-    chunks, width = scale.shape[0], scale.shape[2]
-    y = np.empty((chunks, x.shape[0], width), np.float32)
-    part = np.empty(width, np.int32)
-    p16 = np.empty(width, np.int16)
-    for c in range(chunks):
-        chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, run, y[c], part, p16)
+    y = _output(scale, x)
+    rounded8(codes, scale, low, xq, xd, xs, group, run, y)
     return y
 
 
-@njit(parallel=True, **opts)
+@njit(**opts)
 def parallel4(codes, scale, low, x, act_group, group, run):
     xq, xd, xs = rounded(x, act_group)
-    chunks, width = scale.shape[0], scale.shape[2]
-    y = np.empty((chunks, x.shape[0], width), np.float32)
-    part = np.empty((chunks, width), np.int32)
-    p16 = np.empty((chunks, width), np.int16)
-    for c in prange(chunks):
-        chunk4(codes[c], scale[c], low[c], xq, xd, xs, group, run, y[c], part[c], p16[c])
+    y = _output(scale, x)
+    rounded4_parallel(codes, scale, low, xq, xd, xs, group, run, y)
     return y
 
 
-@njit(parallel=True, **opts)
+@njit(**opts)
 def parallel8(codes, scale, low, x, act_group, group, run):
     xq, xd, xs = rounded(x, act_group)
-    chunks, width = scale.shape[0], scale.shape[2]
-    y = np.empty((chunks, x.shape[0], width), np.float32)
-    part = np.empty((chunks, width), np.int32)
-    p16 = np.empty((chunks, width), np.int16)
-    for c in prange(chunks):
-        chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, run, y[c], part[c], p16[c])
+    y = _output(scale, x)
+    rounded8_parallel(codes, scale, low, xq, xd, xs, group, run, y)
     return y
 
 

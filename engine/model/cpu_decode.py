@@ -129,7 +129,6 @@ class FusedCpuDecode:
         self.final_norm = _vector(model.norm)
         self.embed = model.embed_tokens
         self.rope = model.rope
-        self.dtype = model.dtype
         # float32 hidden states straight into a quantized head: its kernel takes them as they
         # are (0.37 ms a step less than via bfloat16 on the bundled head) and the logits keep
         # float32 precision; a dense head wants the model's dtype.
