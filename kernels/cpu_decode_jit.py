@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit
 
 from kernels.cpu_gemv_jit import (
+    TILE,
     opts,
     quantize_rows,
     rounded4,
@@ -109,34 +110,34 @@ def _scatter(tmp, y, col0, n):
 
 
 @njit(**opts)
-def project4(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
+def project4(codes, scale, low, group, n, xq, xd, xs, y, col0):
     """Columns [col0, col0 + n) of y float32 [M, N] = int8 activations @ one 4-bit matrix
     (kernels/cpu_gemv.py's layout, on one thread)."""
-    tmp = np.empty((scale.shape[0], xq.shape[0], scale.shape[2]), np.float32)
-    rounded4(codes, scale, low, xq, xd, xs, group, run, tmp)
+    tmp = np.empty((codes.shape[0], xq.shape[0], codes.shape[1] * TILE), np.float32)
+    rounded4(codes, scale, low, xq, xd, xs, group, tmp)
     _scatter(tmp, y, col0, n)
 
 
 @njit(**opts)
-def project8(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
+def project8(codes, scale, low, group, n, xq, xd, xs, y, col0):
     """project4 for centred 8-bit codes."""
-    tmp = np.empty((scale.shape[0], xq.shape[0], scale.shape[2]), np.float32)
-    rounded8(codes, scale, low, xq, xd, xs, group, run, tmp)
+    tmp = np.empty((codes.shape[0], xq.shape[0], codes.shape[1] * TILE), np.float32)
+    rounded8(codes, scale, low, xq, xd, xs, group, tmp)
     _scatter(tmp, y, col0, n)
 
 
 @njit(**opts)
-def project4_parallel(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
+def project4_parallel(codes, scale, low, group, n, xq, xd, xs, y, col0):
     """project4 with the chunks shared among numba's threads."""
-    tmp = np.empty((scale.shape[0], xq.shape[0], scale.shape[2]), np.float32)
-    rounded4_parallel(codes, scale, low, xq, xd, xs, group, run, tmp)
+    tmp = np.empty((codes.shape[0], xq.shape[0], codes.shape[1] * TILE), np.float32)
+    rounded4_parallel(codes, scale, low, xq, xd, xs, group, tmp)
     _scatter(tmp, y, col0, n)
 
 
 @njit(**opts)
-def project8_parallel(codes, scale, low, group, run, n, xq, xd, xs, y, col0):
-    tmp = np.empty((scale.shape[0], xq.shape[0], scale.shape[2]), np.float32)
-    rounded8_parallel(codes, scale, low, xq, xd, xs, group, run, tmp)
+def project8_parallel(codes, scale, low, group, n, xq, xd, xs, y, col0):
+    tmp = np.empty((codes.shape[0], xq.shape[0], codes.shape[1] * TILE), np.float32)
+    rounded8_parallel(codes, scale, low, xq, xd, xs, group, tmp)
     _scatter(tmp, y, col0, n)
 
 

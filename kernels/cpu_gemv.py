@@ -1,48 +1,38 @@
 """Quantized weights x int8-quantized activations on the CPU, compiled with numba (optional).
 
-For decode-sized batches (M = 1..16 rows) a quantized matmul on a CPU is bound by reading the
-weight bytes. torch's one fast kernel (`_weight_int4pack_mm_for_cpu`) reaches ~2.3 GB/s on the
-2-core AVX2 development machine at one row; this kernel reads 2-3x faster there, the way
-llama.cpp does it: activations are rounded to int8 per group (llama.cpp's q8_1), the weight codes
-are multiplied with them in integers and each group's integer sum is scaled once.
+At decode a quantized matmul on a CPU is bound by reading the weight bytes, and from a few
+rows on by the multiplies. torch's one fast kernel (`_weight_int4pack_mm_for_cpu`) reaches ~2.3
+GB/s on the 2-core AVX2 development machine at one row; this kernel does it the way llama.cpp
+does: activations are rounded to int8 per group (llama.cpp's q8_1), the weight codes are
+multiplied with them in integers (vpmaddubsw: kernels/cpu_simd.py) and each group's integer sum
+is scaled once. It serves every batch size: prefill chunks too (see engine/quant/cpu_layout.py).
 
 Layout (one matrix, out_features N, in_features K, weight group G, activation group A <= G):
 
-    codes   4-bit: uint8 [C, K/32, Nc/16, 16, 16] (group of 32 elements, tile of 16 columns,
-            byte row j of the group holding elements 2j and 2j+1 in its low and high nibble,
-            column); 8-bit: int8 [C, K/8, Nc/T, 8, T] (8 rows, tile, row, column; T = 16, or Nc
-            for wide chunks: `tile_width`), centred (code - c, so that products stay small)
-    scale   [C, K/G, Nc] float32, or uint16 holding float16 bits where every value is exactly
-    low     a float16 (Q4_0, Q4_1, Q5_0, Q8_0: see `HALF_KINDS`)
+    codes   4-bit: uint8 [C, Nc/16, K/32, 256]; 8-bit: int8 [C, Nc/16, K/A, 16 A], centred
+            (code - c, so that |code| <= 128): tiles of 16 columns, each tile's whole K in
+            order, the bytes of a tile and group as kernels/cpu_simd.py's instructions take them
+    scale   [C, Nc/16, K/G, 16] float32, or uint16 holding float16 bits where every value is
+    low     exactly a float16 (Q4_0, Q4_1, Q5_0, Q8_0: see `HALF_KINDS`)
                                         w[k, n] = scale * code + low   (c folded into low)
 
-i.e. the matrix transposed (K-major) and split into C column chunks of Nc columns, each chunk
-contiguous. K-major rows let LLVM vectorise the innermost loop across output columns, and
-contiguous 1-D rows are what makes it do so: the same loop over a strided slice of one big
-array (`qt[:, n0:n1]`) or a `range(n0, n1)` compiled to scalar code, 5-10x slower. The chunks
-are what threads share out (numba's prange over chunks); one thread walks them in turn at no
-measured cost.
+i.e. the matrix transposed and split into C column chunks of Nc columns, each chunk contiguous.
+The chunks are what threads share out (numba's prange over chunks); one thread walks them in
+turn at no measured cost.
 
 Decode streams every weight from DRAM once per token, so the order of the reads is what counts,
-not only their number. A 4-bit group's 16 byte rows are stored tile by tile (256 contiguous
-bytes per 16 columns), so the kernel reads its codes strictly in order; 16 rows of Nc bytes read
-side by side (the previous layout) are 16 short streams the hardware prefetcher does not follow.
-8-bit codes likewise, 8 rows per tile (but whole rows where a chunk is >= 1024 columns wide: 8
-streams that long it follows, and the tile loop's overhead is then the larger cost). float16
-scales and offsets cut 8 of a Q4 group's 24 bytes per column to 4, at no cost in exactness
-where the format's own d and m are float16 (K-quants' d * sub-scale is not: float32).
-Measured on the bundled model's shapes (SmolLM2-135M, 30 layers x qkv, o, gate_up, down, one
-thread, streamed from DRAM in the model's order; best of runs on a noisy 2-core AVX2 VM):
-Q4_1, before -> now: M = 1 16.5 -> 8.2 ms (66 MB: 8.1 GB/s), M = 4 32 -> 23 ms, M = 16
-102 -> 88 ms, two threads at M = 1 9.4 -> 7.3 ms; tiled with float32 scales alone: ~10 ms.
-The same shapes 8-bit: 27 -> 13.6 ms. The Q8_0 head (49152 x 576, whole rows): 3.2 -> 2.9 ms.
+not only their number: a chunk's codes, and separately its scales, are each read strictly in
+order, one stream the hardware prefetcher follows (16 byte rows of Nc bytes read side by side,
+an earlier layout, were 16 short streams it did not: 16.5 against 8.2 ms for the bundled model's
+120 matrices at one row). float16 scales and offsets cut 8 of a Q4 group's 24 bytes per column
+to 4, at no cost in exactness where the format's own d and m are float16 (K-quants' d *
+sub-scale is not: float32).
 
-Integer sums: products of a 4-bit code and an int8 are summed in int16, 16 at a time (at most
-16 * 15 * 127 = 30480), a group's 16 byte rows tile by tile, then widened to
-int32: 16 lanes per AVX2 vector instead of 8, measured 1.3-2x faster than int32 throughout.
-8-bit codes are centred (|code| <= 128), so that at least two products fit in int16: pairs are
-summed in int16 and widened, eight rows per pass into one int32 scratch row. (`run`, the
-products that fit one int16, is kept with the layout: 2 for Q8_0, 8 for Q6_K, 16 for Q5.)
+Measured on the bundled model (SmolLM2-135M Q4_1, 30 layers x qkv, o, gate_up, down, one thread,
+best of runs on a noisy 2-core AVX2 VM), against the int16 loops this replaced: 40 rows 209-244
+-> 83-102 ms, the Q8_0 head (49152 x 576) 88-92 -> 29-37 ms; one row, streamed from DRAM,
+10-13 ms either way (5-8 GB/s: the VM's memory, shared with other tenants, varies by 1.5x from
+run to run).
 
 numba is optional: `load()` returns None where it is missing or fails to compile, and callers
 keep their own path. The compiled code is cached on disk (NUMBA_CACHE_DIR, by default under the
@@ -67,14 +57,10 @@ import platformdirs
 logger = logging.getLogger(__name__)
 
 ACT_GROUP = 32  # activation rounding group (llama.cpp's q8_1), or the weight group if smaller
-INT16_MAX = 32767
-INT8_MAX = 127
-NIBBLE_RUN = 8  # bytes of 4-bit codes summed in int16 before widening (see the module doc)
 CHUNK_COLS = 4096  # at most this many columns per chunk
 MIN_CHUNKS = 4  # so that up to 4 threads share even a small matrix
 LANE = 16  # chunk widths are multiples of one AVX2 vector of int16 (and of a 4-bit tile)
-TILE = 16  # columns per tile of codes (cpu_gemv_jit.TILE), see `tile_width`
-WIDE_ROWS = 1024  # 8-bit chunks at least this wide keep whole rows (one tile)
+TILE = 16  # columns per tile of codes (cpu_gemv_jit.TILE, kernels/cpu_simd.py)
 # Formats whose layout keeps float16 scales: one level of scales, float16 d and m, and a
 # centre that makes low exact (4-bit: none; Q5_0 / Q8_0: low = m + c d = 0). Where a matrix's
 # values are not all float16 after all (an overflowing -8 d), its layout keeps float32.
@@ -86,12 +72,14 @@ _compile_lock = threading.Lock()
 # it, and numba's cache checks only the caller's own file: kernels/cpu_decode_jit.py's entries
 # would outlive an edit of cpu_gemv_jit.py's chunk4 (a new layout read the old way). So the
 # cache has one folder per version of these sources.
-JIT_SOURCES = ("cpu_gemv_jit.py", "cpu_decode_jit.py")
+JIT_SOURCES = ("cpu_simd.py", "cpu_gemv_jit.py", "cpu_decode_jit.py")
 
 
 def sources_key() -> str:
-    """A short hash of the jitted sources (see JIT_SOURCES), for numba's cache folder."""
-    digest = hashlib.sha256()
+    """A short hash of the jitted sources (see JIT_SOURCES), for numba's cache folder, and of
+    the vector IR they were told to emit (kernels/cpu_simd.py: numba's own cache key has the
+    CPU, not this choice)."""
+    digest = hashlib.sha256(os.environ.get("KVSCOPE_CPU_SIMD", "auto").encode())
     for name in JIT_SOURCES:
         try:
             digest.update((Path(__file__).parent / name).read_bytes())
@@ -117,27 +105,6 @@ def chunking(n: int) -> tuple[int, int]:
     per_chunk = -(-n // chunks)
     width = -(-per_chunk // LANE) * LANE
     return -(-n // width), width  # rounding the width up may leave the last chunk unneeded
-
-
-def tile_width(width: int, bits: int) -> int:
-    """Columns per tile of a chunk `width` columns wide: 16 (what the 4-bit kernel is compiled
-    for), or for 8-bit codes the whole chunk where its rows are long enough for the hardware
-    prefetcher to follow 8 of them (the Q8_0 head, 4096 columns: 2.9 ms whole, 4.1 ms in
-    16-column tiles; 576-column matrices: 23 ms for 120 of them whole, 13.6 ms in tiles)."""
-    return width if bits == 8 and width >= WIDE_ROWS else TILE
-
-
-def nibble_run() -> int:
-    return NIBBLE_RUN
-
-
-def int8_run(max_abs_code: int) -> int:
-    """Products of centred 8-bit codes (|code| <= max_abs_code) and int8 that fit one int16."""
-    fits = INT16_MAX // (max(1, max_abs_code) * INT8_MAX)
-    run = 1
-    while run * 2 <= min(fits, 16):  # a power of two, so that it divides every group
-        run *= 2
-    return run
 
 
 def installed() -> bool:
@@ -206,16 +173,15 @@ def _warm_up(ns: SimpleNamespace) -> None:
     for code_bits in (4, 8):
         chunks = 2  # the parallel entries run only on more than one chunk
         if code_bits == 4:
-            codes = np.zeros((chunks, 2, 1, 16, TILE), np.uint8)
+            codes = np.zeros((chunks, 1, 2, 256), np.uint8)
         else:
-            codes = np.zeros((chunks, 8, 1, 8, TILE), np.int8)
+            codes = np.zeros((chunks, 1, 2, TILE * 32), np.int8)
         for meta in (np.float32, np.uint16):  # float32 scales, and float16 bits
-            scale = np.ones((chunks, 2, LANE), np.float32).astype(meta)
-            w = QuantizedCodesT(codes, scale, scale.copy(), 32, code_bits, 1)
+            scale = np.ones((chunks, 1, 2, TILE), np.float32).astype(meta)
+            w = QuantizedCodesT(codes, scale, scale.copy(), 32, code_bits)
             for threads in thread_counts:
                 matmul(ns, w, x, threads)
                 matmul_bf16(ns, w, bits, threads)
-            dequantize_t(ns, w)
 
 
 class QuantizedCodesT:
@@ -228,33 +194,33 @@ class QuantizedCodesT:
         low: np.ndarray,
         group: int,
         bits: int,
-        run: int,
         n: int | None = None,
     ) -> None:
         if bits not in (4, 8) or codes.dtype != (np.uint8 if bits == 4 else np.int8):
             raise ValueError(f"{bits}-bit codes cannot be {codes.dtype}")
-        chunks, width = scale.shape[0], scale.shape[-1]
-        rows = 16 if bits == 4 else 8  # byte rows per tile
-        tile = tile_width(width, bits)
-        fits = codes.ndim == 5 and codes.shape[2:] == (width // tile, rows, tile)
-        if not fits or codes.shape[0] != chunks:
-            raise ValueError(f"{bits}-bit codes {codes.shape} do not fit {chunks} x {width}")
-        if scale.shape != low.shape or scale.ndim != 3 or scale.dtype != low.dtype:
+        chunks, tiles = codes.shape[0], codes.shape[1]
+        depth = 32 if bits == 4 else codes.shape[-1] // TILE  # elements of K per tile block
+        per_block = 256 if bits == 4 else TILE * depth  # bytes
+        if codes.ndim != 4 or depth not in (16, 32) or codes.shape[3] != per_block:
+            raise ValueError(f"{bits}-bit codes {codes.shape} are not [chunks, tiles, K/A, A*16]")
+        fits = scale.ndim == 4 and scale.shape[:2] == (chunks, tiles) and scale.shape[3] == TILE
+        if not fits or scale.shape != low.shape or scale.dtype != low.dtype:
             raise ValueError(f"scale {scale.shape} and low {low.shape} do not fit {codes.shape}")
         if scale.dtype not in (np.float32, np.uint16):
             raise ValueError(f"scale must be float32 or float16 bits (uint16), not {scale.dtype}")
         self.codes, self.scale, self.low = codes, scale, low
-        self.group, self.bits, self.run = group, bits, run
-        self.n = chunks * width if n is None else n
+        self.group, self.bits = group, bits
+        self.n = chunks * tiles * TILE if n is None else n
 
     @property
     def width(self) -> int:
         """Columns per chunk (Nc)."""
-        return self.scale.shape[2]
+        return self.codes.shape[1] * TILE
 
     @property
     def k(self) -> int:
-        return self.codes.shape[1] * (32 if self.bits == 4 else 8)
+        depth = 32 if self.bits == 4 else self.codes.shape[3] // TILE
+        return self.codes.shape[2] * depth
 
     @property
     def act_group(self) -> int:
@@ -271,7 +237,7 @@ def matmul(ns: SimpleNamespace, w: QuantizedCodesT, x: np.ndarray, threads: int)
     if x.ndim != 2 or x.shape[1] != w.k:
         raise ValueError(f"x must be [M, {w.k}], got {list(x.shape)}")
     x = np.ascontiguousarray(x, dtype=np.float32)
-    args = (w.codes, w.scale, w.low, x, w.act_group, w.group, w.run)
+    args = (w.codes, w.scale, w.low, x, w.act_group, w.group)
     if threads > 1 and w.codes.shape[0] > 1:
         ns.numba.set_num_threads(min(threads, ns.numba.config.NUMBA_NUM_THREADS))
         return ns.parallel[w.bits](*args)
@@ -284,7 +250,7 @@ def matmul_bf16(
     """x [M, K] as bfloat16 bits (uint16) @ W.T -> [M, n] bfloat16 bits."""
     if bits.ndim != 2 or bits.shape[1] != w.k or bits.dtype != np.uint16:
         raise ValueError(f"x must be uint16 [M, {w.k}], got {bits.dtype} {list(bits.shape)}")
-    args = (w.codes, w.scale, w.low, np.ascontiguousarray(bits), w.act_group, w.group, w.run, w.n)
+    args = (w.codes, w.scale, w.low, np.ascontiguousarray(bits), w.act_group, w.group, w.n)
     if threads > 1 and w.codes.shape[0] > 1:
         ns.numba.set_num_threads(min(threads, ns.numba.config.NUMBA_NUM_THREADS))
         return ns.parallel_bf16[w.bits](*args)
@@ -298,7 +264,8 @@ def columns(y: np.ndarray, n: int) -> np.ndarray:
 
 
 def dequantize_t(ns: SimpleNamespace, w: QuantizedCodesT, chunk: int | None = None) -> np.ndarray:
-    """W.T as float32 [K, chunks * Nc] (one chunk's columns only when `chunk` is given)."""
+    """W.T as float32 [K, chunks * Nc] (one chunk's columns only when `chunk` is given): the
+    layout read back, which the tests hold against the format's own dequantization."""
     chunks, width = w.codes.shape[0], w.width
     picked = range(chunks) if chunk is None else [chunk]
     if len(picked) == 1:

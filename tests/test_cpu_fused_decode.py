@@ -142,8 +142,9 @@ def test_fused_decode_is_as_close_to_float32_as_the_torch_path(models):
     via_fused = _decode(fast, fused_pool, _fused_step(fast))
     torch_err, fused_err = _error(via_torch, ref), _error(via_fused, ref)
     print(f"logit error vs float32: torch bf16 {torch_err:.4f}, fused {fused_err:.4f}")
-    # The fused path keeps the residual stream in float32 where torch's rounds it to bfloat16.
-    assert fused_err <= 1.1 * torch_err + 1e-3
+    # The fused path keeps the residual stream in float32 where torch's rounds it to bfloat16;
+    # the margin is float32 noise (see the sliding-window test below).
+    assert fused_err <= 1.25 * torch_err + 1e-3
     assert fused_err < 0.1
     for a, b in zip(via_fused, ref, strict=True):
         assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 2 / 3
@@ -185,7 +186,9 @@ def test_a_sliding_window_attends_to_the_window_only(models):
         for layer in fast.layers + exact.layers:
             layer.sliding_window = None
     windowed_err = _error(windowed, ref)
-    assert windowed_err <= 1.1 * _error(via_torch, ref) + 1e-3
+    # Two roundings of the same sums: float32 noise alone (kernels that agree to 3e-7 per
+    # output) moved the ratio of the two errors between 0.69 and 1.15 over the three formats.
+    assert windowed_err <= 1.25 * _error(via_torch, ref) + 1e-3
     assert _error(full, ref) > 2 * windowed_err  # the window changed what long prompts see
 
 

@@ -176,7 +176,7 @@ class FusedCpuDecode:
                         a.fill(0)
                     y = np.empty((1, p.n), np.float32)
                     for table in tables:
-                        args = (w.codes, w.scale, w.low, w.group, w.run, w.n, *r[:3], y, mat.col0)
+                        args = (w.codes, w.scale, w.low, w.group, w.n, *r[:3], y, mat.col0)
                         table[w.bits](*args)
 
     def accepts(
@@ -325,7 +325,7 @@ class FusedCpuDecode:
             if w.act_group != r.group:
                 r = buffers.rounded_as(p.k, w.act_group)
                 calls.append((self.ns.quantize_rows, (x, w.act_group, *r[:3])))
-            args = (w.codes, w.scale, w.low, w.group, w.run, w.n, *r[:3], y, mat.col0)
+            args = (w.codes, w.scale, w.low, w.group, w.n, *r[:3], y, mat.col0)
             calls.append((project[w.bits], args))
         return calls
 

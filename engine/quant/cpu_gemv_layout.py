@@ -18,42 +18,68 @@ def gemv_layout(w: QuantizedTensor) -> cpu_gemv.QuantizedCodesT:
     n, k = w.shape
     g = w.group_size
     chunks, width = cpu_gemv.chunking(n)
-    scale = np.zeros((chunks, k // g, width), np.float32)
+    tiles = width // cpu_gemv.TILE
+    scale = np.zeros((chunks, tiles, k // g, cpu_gemv.TILE), np.float32)
     low = np.zeros_like(scale)
-    tile = cpu_gemv.tile_width(width, w.bits)
-    tiles = width // tile
+    a = min(g, cpu_gemv.ACT_GROUP)  # an 8-bit tile's depth: one activation group
     if w.bits == 4:
-        codes = np.zeros((chunks, k // 32, tiles, 16, tile), np.uint8)
-        centre, run = 0, cpu_gemv.nibble_run()
+        codes = np.zeros((chunks, tiles, k // 32, 256), np.uint8)
+        centre = 0
     else:
-        codes = np.zeros((chunks, k // 8, tiles, 8, tile), np.int8)
+        codes = np.zeros((chunks, tiles, k // a, cpu_gemv.TILE * a), np.int8)
         top = int(w.codes.max())
         centre = _symmetric_centre(w)
         if centre is None:
             centre = (top + 1) // 2  # codes become code - centre: |code| <= centre
-        run = cpu_gemv.int8_run(max(centre, top - centre))  # >= 2: the kernel sums pairs
     for c in range(chunks):
         rows = slice(c * width, min(n, (c + 1) * width))
         count = rows.stop - rows.start
         if count <= 0:
             continue
         if w.bits == 4:
-            t = np.zeros((k // 2, width), np.uint8)
-            t[:, :count] = w.codes[rows].numpy().T  # byte j: elements 2j, 2j + 1
-            # [K/32 groups, 16 byte rows, tiles, 16 columns] -> group, tile, byte row, column
-            codes[c] = t.reshape(k // 32, 16, tiles, tile).transpose(0, 2, 1, 3)
+            packed = w.codes[rows].numpy()  # byte j: elements 2j, 2j + 1
+            t = np.zeros((k, width), np.uint8)
+            t[0::2, :count] = (packed & 15).T
+            t[1::2, :count] = (packed >> 4).T
+            codes[c] = _tiles4(t)
         else:
             t = np.zeros((k, width), np.int8)
             t[:, :count] = (codes_of(w, rows).astype(np.int16) - centre).astype(np.int8).T
-            codes[c] = t.reshape(k // 8, 8, tiles, tile).transpose(0, 2, 1, 3)
+            codes[c] = _tiles8(t, a)
         s, m = group_scales_of(w, rows)
-        scale[c, :, :count] = s.T
-        low[c, :, :count] = (m + centre * s).T
+        scale[c] = _tiles_of_columns(s, width)
+        low[c] = _tiles_of_columns(m + centre * s, width)
     if w.kind in cpu_gemv.HALF_KINDS:
         half_scale, half_low = _as_half_bits(scale), _as_half_bits(low)
         if half_scale is not None and half_low is not None:
             scale, low = half_scale, half_low
-    return cpu_gemv.QuantizedCodesT(codes, scale, low, g, w.bits, run, n)
+    return cpu_gemv.QuantizedCodesT(codes, scale, low, g, w.bits, n)
+
+
+def _tiles_of_columns(values: np.ndarray, width: int) -> np.ndarray:
+    """Per-column group values [count, K/G] -> [Nc/16, K/G, 16], zero-padded: a tile's scales
+    for its whole K in one run, read in step with its codes."""
+    count, groups = values.shape
+    out = np.zeros((groups, width), np.float32)
+    out[:, :count] = values.T
+    return out.reshape(groups, width // 16, 16).transpose(1, 0, 2)
+
+
+def _tiles4(t: np.ndarray) -> np.ndarray:
+    """4-bit codes W.T [K, Nc] (one per byte) -> [Nc/16, K/32, 256] (kernels/cpu_simd.py):
+    element 32b + 4j + 2h + e of column 16t + n in nibble h of byte 32j + 2n + e."""
+    k, width = t.shape
+    w = t.reshape(k // 32, 8, 2, 2, width // 16, 16)  # b, j, h, e, t, n
+    packed = w[:, :, 0] | (w[:, :, 1] << 4)  # b, j, e, t, n
+    return packed.transpose(3, 0, 1, 4, 2).reshape(width // 16, k // 32, 256)
+
+
+def _tiles8(t: np.ndarray, a: int) -> np.ndarray:
+    """8-bit codes W.T [K, Nc] -> [Nc/16, K/a, 16 a] (kernels/cpu_simd.py): element
+    a b + 4j + e of column 16t + 8h + n at byte 32 (2j + h) + 4n + e."""
+    k, width = t.shape
+    w = t.reshape(k // a, a // 4, 4, width // 16, 2, 8)  # b, j, e, t, h, n
+    return w.transpose(3, 0, 1, 4, 5, 2).reshape(width // 16, k // a, 16 * a)
 
 
 def _symmetric_centre(w: QuantizedTensor) -> int | None:

@@ -2,24 +2,24 @@
 else torch's int4 kernel where it applies, measured per shape.
 
 Where numba compiles (kernels/cpu_gemv.py) every quantized matrix takes that module's layout
-and nothing else, so memory holds one copy: up to GEMV_MAX_ROWS rows run its integer kernel
-(activations rounded to int8 per 32, as llama.cpp does), longer prefill chunks dequantize it to
-float32 one column chunk at a time for a GEMM. Measured on the 2-core AVX2 EPYC, one thread,
-bundled SmolLM2-135M (median of 5 rounds of process time per call, against torch's int4 kernel):
+and nothing else, so memory holds one copy, and every batch and prefill chunk runs its integer
+kernel (activations rounded to int8 per 32, as llama.cpp does; see `gemv_matmul`).
+Measured on the 2-core AVX2 EPYC, one thread, bundled SmolLM2-135M (median of 5 rounds of
+process time per call, weights hot in cache, in us; against torch's int4 kernel):
 
-    matrix            M=1                 M=4                 M=16
-    qkv 960x576       73 vs 101 us 1.38x  224 vs 194  0.86x   832 vs 746  0.90x
-    o 576x576         58 vs 69     1.20x  177 vs 131  0.74x   589 vs 491  0.83x
-    gate_up 3072x576  170 vs 325   1.91x  571 vs 636  1.11x   2207 vs 2549 1.15x
-    down 576x1536     130 vs 173   1.33x  420 vs 341  0.81x   1578 vs 1310 0.83x
-    head Q8_0 49152   5.0 vs 13.5 ms 2.70x 13.5 vs 24.7 1.84x  44 vs 89 ms 2.03x
+    matrix            M=1           M=4           M=16           M=64
+    qkv 960x576       36 vs 124     63 vs 216     245 vs 785     924 vs 3231
+    o 576x576         27 vs 69      47 vs 128     200 vs 486     453 vs 1976
+    gate_up 3072x576  65 vs 316     151 vs 456    555 vs 2314    2331 vs 8486
+    down 576x1536     45 vs 144     100 vs 196    409 vs 766     1555 vs 3359
+    head Q8_0 49152   4741 vs 9772  5001 vs 14389 16998 vs 78224 64398 vs 311357
 
-(longer batches: see GEMV_MAX_ROWS), so batch-1 decode, the case a desktop user waits on,
-gains most (22.0 -> 27.5 tokens/s there, alternating in one run); a few-row batch is on a par
-(mostly within 0.75-1.3x either way). The float32 scale and offset per group
-cost 2 bits a weight against the int4 layout's 1 (+10% on the bundled model), and Q6_K's
-16-element groups need no bfloat16 dense copy (12 bits a weight instead of 16): a 7B Q4_K_M
-comes to 5.40 GiB against 5.28. `KVSCOPE_CPU_QUANT_KERNEL=torch` keeps torch's kernels.
+i.e. 2-5x at every batch size (kernels/cpu_simd.py: vpmaddubsw, as llama.cpp multiplies; the
+int16 loops before it were on a par with torch's kernel from 4 rows on). The float32 scale and
+offset per group cost 2 bits a weight against the int4 layout's 1 (+10% on the bundled model;
+float16 for the formats in cpu_gemv.HALF_KINDS), and Q6_K's 16-element groups need no bfloat16
+dense copy (12 bits a weight instead of 16): a 7B Q4_K_M comes to 5.40 GiB against 5.28.
+`KVSCOPE_CPU_QUANT_KERNEL=torch` keeps torch's kernels.
 
 torch's kernel, and why its layout is what it is:
 
@@ -79,12 +79,6 @@ KERNEL_TILE_WIDTHS = (64, 32, 16)  # AVX-512, AVX2, a 128-bit vector ISA
 # From this many rows on, dequantize + bfloat16 GEMM beats the int4 kernel (see above; 4096 x
 # 4096, one thread: 0.43 ms per row against ~110 + 5 ms; 11008 x 4096 crosses at the same M).
 DEQUANT_MIN_ROWS = 384
-# numba's int8-activation kernel (kernels/cpu_gemv.py) up to this many rows; beyond, its layout
-# is dequantized to float32 a column chunk at a time for a GEMM (see gemv_matmul). Measured on
-# the bundled model's matrices, one thread: the two cross near 32 rows (qkv 1.59 / 1.45 ms,
-# gate_up 4.15 / 4.79, head 76 / 82); at 64 the GEMM wins by 1.4-1.6x (and beats torch's int4
-# kernel by 1.2-2.6x), at 8-16 the kernel by 1.4-2.7x.
-GEMV_MAX_ROWS = 32
 # "torch" keeps the int4-kernel layout even where numba is installed (benchmarks compare both).
 KERNEL_ENV = "KVSCOPE_CPU_QUANT_KERNEL"
 
@@ -226,25 +220,17 @@ class CpuQuantLinear:
 
 
 def gemv_matmul(w: cpu_gemv.QuantizedCodesT, x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] (bfloat16) @ W.T through numba's layout, in x's dtype."""
+    """x [M, K] (bfloat16) @ W.T through numba's layout, in x's dtype, at any M: the integer
+    kernel beats dequantizing to float32 for a GEMM at every batch and prefill chunk measured
+    (bundled model, one thread; kernel vs dequantize + GEMM: gate_up M = 32 1.5 vs 7.5 ms, 512
+    20 vs 37 ms; the Q8_0 head 22 vs 201 ms at 32, 487 vs 682 ms at 512)."""
     ns = cpu_gemv.load()
-    if x.shape[0] <= GEMV_MAX_ROWS:
-        threads = torch.get_num_threads()
-        if x.dtype == torch.bfloat16:  # the engine's case: bits in, bits out, no torch op
-            bits = cpu_gemv.matmul_bf16(ns, w, x.view(torch.int16).numpy().view(np.uint16), threads)
-            return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
-        y = cpu_gemv.columns(cpu_gemv.matmul(ns, w, x.float().numpy(), threads), w.n)
-        return torch.from_numpy(np.ascontiguousarray(y)).to(x.dtype)
-    xf = x.float().numpy()
-    # Long prefill chunks: float32 W.T one column chunk at a time (bounded scratch), GEMM.
-    out = torch.empty((x.shape[0], w.n), dtype=x.dtype)
-    xt = torch.from_numpy(xf)
-    width = w.width
-    for c in range(w.codes.shape[0]):
-        cols = slice(c * width, min(w.n, (c + 1) * width))
-        w_t = torch.from_numpy(cpu_gemv.dequantize_t(ns, w, c))
-        out[:, cols] = xt @ w_t[:, : cols.stop - cols.start]
-    return out
+    threads = torch.get_num_threads()
+    if x.dtype == torch.bfloat16:  # the engine's case: bits in, bits out, no torch op
+        bits = cpu_gemv.matmul_bf16(ns, w, x.view(torch.int16).numpy().view(np.uint16), threads)
+        return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+    y = cpu_gemv.columns(cpu_gemv.matmul(ns, w, x.float().numpy(), threads), w.n)
+    return torch.from_numpy(np.ascontiguousarray(y)).to(x.dtype)
 
 
 def cpu_layout(w: QuantizedTensor) -> CpuQuantLinear:

@@ -1,0 +1,225 @@
+"""The integer inner loops of kernels/cpu_gemv_jit.py written as LLVM vector IR (numba
+intrinsics): one tile of 16 output columns by one activation group, for 1 or 4 rows at a time.
+
+Why not plain numba loops: LLVM vectorises those with int16 multiplies (vpmullw + vpaddw, 16
+products per two instructions) and keeps the 32 activations of a group as scalars it spills; it
+never finds x86's vpmaddubsw (32 products of an unsigned and a signed byte, summed in pairs, in
+one instruction), which is how llama.cpp multiplies 4-bit codes with int8 activations. Spelled
+out here, a 4-bit tile is 8 vector loads, 3 instructions each to split the nibbles, and per row
+16 vpmaddubsw on broadcast activation pairs. Measured on the bundled model's down projection
+(576 x 1536, one thread, against the loop kernel this replaced): see kernels/cpu_gemv.py.
+
+Where the CPU lacks AVX2, or numba is told to compile for another CPU, the same arithmetic is
+written as portable vector IR (zero/sign-extend, multiply, add even and odd lanes), which LLVM
+lowers for any target: the same integers, slower.
+
+Layouts (per chunk of Nc columns; kernels/cpu_gemv.py builds them):
+
+    4-bit   uint8 [Nc/16, K/32, 256]: tile t, group b, 8 vectors of 32 bytes. Byte 2n + e of
+            vector j holds w[32b + 4j + e, 16t + n] in its low nibble and w[32b + 4j + 2 + e,
+            16t + n] in its high one: the nibbles of a column sit in adjacent bytes, the pairs
+            vpmaddubsw sums. Its 16 int16 sums are one per column, in order.
+    8-bit   int8 [Nc/16, K/A, 16 A]: tile t, activation group b (A = 16 or 32 elements), A/4
+            pairs of vectors: vector (j, h) holds columns 8h..8h+7, 4 bytes each (k = A b + 4j
+            .. + 3). vpmaddubsw(|w|, sign(x, w)) sums two products in int16 (at most 2 * 128 *
+            127 = 32512), vpmaddwd with ones the next two in int32: 8 columns per vector.
+
+The sums never saturate: a 4-bit code times an int8 is at most 15 * 127, a pair 3810, and eight
+pairs (16 elements) are summed in int16 (30480) before widening to int32.
+"""
+
+from __future__ import annotations
+
+import os
+
+from llvmlite import binding, ir
+from numba import types
+from numba.core import cgutils, config
+from numba.extending import intrinsic
+
+I1, I8, I16, I32, F32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
+ISA_ENV = "KVSCOPE_CPU_SIMD"  # "generic" forces the portable IR (tests compare both)
+
+
+def isa() -> str:
+    """ "avx2" where numba compiles for this CPU and it has AVX2, else "generic"."""
+    if os.environ.get(ISA_ENV) == "generic":
+        return "generic"
+    if config.CPU_NAME not in (None, "host"):  # cross-compiling for another CPU
+        return "generic"
+    try:
+        features = binding.get_host_cpu_features()
+    except RuntimeError:  # no feature list on this host
+        return "generic"
+    return "avx2" if features.get("avx2") else "generic"
+
+
+AVX2 = isa() == "avx2"
+
+
+def _vec(n: int, t: ir.Type) -> ir.VectorType:
+    return ir.VectorType(t, n)
+
+
+def _splat(t: ir.Type, n: int, value) -> ir.Constant:
+    return ir.Constant(_vec(n, t), [value] * n)
+
+
+def _lanes(n: int, start: int = 0, step: int = 1) -> ir.Constant:
+    return ir.Constant(_vec(n, I32), list(range(start, start + n * step, step)))
+
+
+def _call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list) -> ir.Value:
+    signature = ir.FunctionType(ret, [a.type for a in args])
+    return b.call(cgutils.get_or_insert_function(b.module, signature, name), args)
+
+
+def _maddubs(b: ir.IRBuilder, u: ir.Value, s: ir.Value, x86: bool) -> ir.Value:
+    """u (unsigned) x s (signed) bytes, adjacent products summed: <16 x i16>."""
+    if x86:
+        return _call(b, "llvm.x86.avx2.pmadd.ub.sw", _vec(16, I16), [u, s])
+    p = b.mul(b.zext(u, _vec(32, I16)), b.sext(s, _vec(32, I16)))  # our sums never saturate
+    return b.add(b.shuffle_vector(p, p, _lanes(16, 0, 2)), b.shuffle_vector(p, p, _lanes(16, 1, 2)))
+
+
+def _madd_ones(b: ir.IRBuilder, p: ir.Value, x86: bool) -> ir.Value:
+    """<16 x i16> -> <8 x i32>, adjacent lanes summed."""
+    if x86:
+        return _call(b, "llvm.x86.avx2.pmadd.wd", _vec(8, I32), [p, _splat(I16, 16, 1)])
+    even = b.sext(b.shuffle_vector(p, p, _lanes(8, 0, 2)), _vec(8, I32))
+    return b.add(even, b.sext(b.shuffle_vector(p, p, _lanes(8, 1, 2)), _vec(8, I32)))
+
+
+def _sign(b: ir.IRBuilder, x: ir.Value, w: ir.Value, x86: bool) -> ir.Value:
+    """x where w > 0, -x where w < 0, 0 where w == 0 (bytes)."""
+    if x86:
+        return _call(b, "llvm.x86.avx2.psign.b", _vec(32, I8), [x, w])
+    zero = _splat(I8, 32, 0)
+    signed = b.select(b.icmp_signed("<", w, zero), b.sub(zero, x), x)
+    return b.select(b.icmp_signed("==", w, zero), zero, signed)
+
+
+def _abs(b: ir.IRBuilder, w: ir.Value) -> ir.Value:
+    zero = _splat(I8, 32, 0)
+    return b.select(b.icmp_signed("<", w, zero), b.sub(zero, w), w)  # -128 stays 0x80: 128
+
+
+def _data(context, b: ir.IRBuilder, aryty, ary) -> ir.Value:
+    return context.make_array(aryty)(context, b, ary).data
+
+
+def _load(b: ir.IRBuilder, base: ir.Value, offset: int | ir.Value, t: ir.Type) -> ir.Value:
+    off = ir.Constant(I32, offset) if isinstance(offset, int) else offset
+    return b.load(b.bitcast(b.gep(base, [off]), t.as_pointer()), align=1)
+
+
+def _broadcast(b: ir.IRBuilder, value: ir.Value, n: int) -> ir.Value:
+    vec = b.insert_element(ir.Constant(_vec(n, value.type), None), value, ir.Constant(I32, 0))
+    return b.shuffle_vector(vec, vec, ir.Constant(_vec(n, I32), [0] * n))
+
+
+def _meta16(b: ir.IRBuilder, aryty, base: ir.Value, offset: ir.Value) -> ir.Value:
+    """16 scales or offsets as float32: float16 bits (uint16) widened, or float32 as they are."""
+    if aryty.dtype == types.uint16:
+        bits = _load(b, base, offset, _vec(16, I16))
+        return b.fpext(b.bitcast(bits, _vec(16, ir.HalfType())), _vec(16, F32))
+    return _load(b, base, offset, _vec(16, F32))
+
+
+def _tile_kernel(rows: int, body):
+    """An intrinsic y[r, 16 columns] += scale * d_r * sums_r + low * s_r for `rows` rows, where
+    body(b, codes, xrows) gives each row's 16 int32 sums of one tile and activation group.
+
+    Arguments (flat 1-D arrays and element offsets): codes, code offset, xq, xq offset, xq row
+    stride, xd, xs, their offset, their row stride, scale, low, their offset, y, y offset, y
+    row stride."""
+
+    @intrinsic
+    def tile(typingctx, codes, co, xq, xo, xstep, xd, xs, do, dstep, scale, low, wo, y, yo, ystep):
+        sig = types.void(codes, co, xq, xo, xstep, xd, xs, do, dstep, scale, low, wo, y, yo, ystep)
+
+        def codegen(context, b, signature, args):
+            at = signature.args
+            code_base = b.gep(_data(context, b, at[0], args[0]), [args[1]])
+            x_base = b.gep(_data(context, b, at[2], args[2]), [args[3]])
+            xstep_v, dstep_v, ystep_v = args[4], args[8], args[14]
+            xrows = [
+                b.gep(x_base, [b.mul(xstep_v, ir.Constant(xstep_v.type, r))]) for r in range(rows)
+            ]
+            sums = body(b, code_base, xrows)
+            d_base = b.gep(_data(context, b, at[5], args[5]), [args[7]])
+            s_base = b.gep(_data(context, b, at[6], args[6]), [args[7]])
+            scale16 = _meta16(b, at[9], _data(context, b, at[9], args[9]), args[11])
+            low16 = _meta16(b, at[10], _data(context, b, at[10], args[10]), args[11])
+            y_base = b.gep(_data(context, b, at[12], args[12]), [args[13]])
+            for r in range(rows):
+                at_r = b.mul(dstep_v, ir.Constant(dstep_v.type, r))
+                d = _broadcast(b, b.load(b.gep(d_base, [at_r])), 16)
+                s = _broadcast(b, b.load(b.gep(s_base, [at_r])), 16)
+                total = b.sitofp(sums[r], _vec(16, F32))
+                term = b.fadd(b.fmul(b.fmul(scale16, d), total), b.fmul(low16, s), flags=["fast"])
+                y_at = b.mul(ystep_v, ir.Constant(ystep_v.type, r))
+                ptr = b.bitcast(b.gep(y_base, [y_at]), _vec(16, F32).as_pointer())
+                b.store(b.fadd(b.load(ptr, align=4), term, flags=["fast"]), ptr, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+def _sums4(rows: int, x86: bool):
+    def body(b, codes, xrows):
+        nibble, four = _splat(I8, 32, 15), _splat(I8, 32, 4)
+        halves = [[None, None] for _ in range(rows)]  # int16 sums of 16 elements each
+        for j in range(8):
+            v = _load(b, codes, 32 * j, _vec(32, I8))
+            lo, hi = b.and_(v, nibble), b.and_(b.lshr(v, four), nibble)
+            for r in range(rows):
+                pair_a = _broadcast(b, _load(b, xrows[r], 4 * j, I16), 16)
+                pair_b = _broadcast(b, _load(b, xrows[r], 4 * j + 2, I16), 16)
+                p = b.add(
+                    _maddubs(b, lo, b.bitcast(pair_a, _vec(32, I8)), x86),
+                    _maddubs(b, hi, b.bitcast(pair_b, _vec(32, I8)), x86),
+                )
+                h = halves[r][j // 4]
+                halves[r][j // 4] = p if h is None else b.add(h, p)
+        wide = _vec(16, I32)
+        return [b.add(b.sext(lo, wide), b.sext(hi, wide)) for lo, hi in halves]
+
+    return body
+
+
+def _sums8(rows: int, act_group: int, x86: bool):
+    def body(b, codes, xrows):
+        halves = [[None, None] for _ in range(rows)]  # int32 sums of columns 0-7 and 8-15
+        for j in range(act_group // 4):
+            quads = [_broadcast(b, _load(b, xrows[r], 4 * j, I32), 8) for r in range(rows)]
+            for h in range(2):
+                w = _load(b, codes, 32 * (2 * j + h), _vec(32, I8))
+                magnitude = _abs(b, w)
+                for r in range(rows):
+                    x = _sign(b, b.bitcast(quads[r], _vec(32, I8)), w, x86)
+                    p = _madd_ones(b, _maddubs(b, magnitude, x, x86), x86)
+                    halves[r][h] = p if halves[r][h] is None else b.add(halves[r][h], p)
+        return [b.shuffle_vector(lo, hi, _lanes(16)) for lo, hi in halves]
+
+    return body
+
+
+def tile_kernels(x86: bool) -> dict:
+    """The six intrinsics, in x86's instructions or the portable IR (tests hold one to the
+    other): 4-bit and 8-bit (activation groups of 32 and 16), for ROW_BLOCK rows or one."""
+    kernels = {"tile4_block": _tile_kernel(ROW_BLOCK, _sums4(ROW_BLOCK, x86))}
+    kernels["tile4_row"] = _tile_kernel(1, _sums4(1, x86))
+    for a in (32, 16):
+        kernels[f"tile8_block_{a}"] = _tile_kernel(ROW_BLOCK, _sums8(ROW_BLOCK, a, x86))
+        kernels[f"tile8_row_{a}"] = _tile_kernel(1, _sums8(1, a, x86))
+    return kernels
+
+
+ROW_BLOCK = 4  # rows per call where a batch has them: a tile's codes are split once for 4 rows
+_chosen = tile_kernels(AVX2)
+tile4_block, tile4_row = _chosen["tile4_block"], _chosen["tile4_row"]
+tile8_block_32, tile8_row_32 = _chosen["tile8_block_32"], _chosen["tile8_row_32"]
+tile8_block_16, tile8_row_16 = _chosen["tile8_block_16"], _chosen["tile8_row_16"]
