@@ -35,6 +35,7 @@ def load() -> SimpleNamespace | None:
             add_rows=jit.add_rows,
             silu_mul_quantize=jit.silu_mul_quantize,
             rope_store_attend=jit.rope_store_attend,
+            rope_store_attend_parallel=jit.rope_store_attend_parallel,
             quantize_rows=jit.quantize_rows,
             project={4: jit.project4, 8: jit.project8},
             project_parallel={4: jit.project4_parallel, 8: jit.project8_parallel},
@@ -61,26 +62,32 @@ def _warm_up(ns: SimpleNamespace) -> None:
     qkv = f32((m, (hq + 2 * hkv) * d))
     cache = np.zeros((2, 4, hkv, d), np.uint16)
     out = f32((m, hq * d))
-    ns.rope_store_attend(
-        qkv,
-        f32(0),
-        f32(0),
-        f32(0),
-        1e-5,
-        f32((m, d)),
-        f32((m, d)),
-        cache,
-        cache.copy(),
-        np.zeros(m, np.int64),
-        np.zeros((m, 2), np.int32),
-        np.ones(m, np.int32),
-        0,
-        0.5,
-        hq,
-        hkv,
-        out,
-        min(hq * d, group),
-        np.zeros((m, hq * d), np.int8),
-        f32((m, 1)),
-        f32((m, 1)),
-    )
+    import torch  # only to read the engine's thread count; torch is imported already
+
+    attends = [ns.rope_store_attend]
+    if torch.get_num_threads() > 1:  # as cpu_gemv's warm-up: compiled where it will run
+        attends.append(ns.rope_store_attend_parallel)
+    for attend in attends:
+        attend(
+            qkv,
+            f32(0),
+            f32(0),
+            f32(0),
+            1e-5,
+            f32((m, d)),
+            f32((m, d)),
+            cache,
+            cache.copy(),
+            np.zeros(m, np.int64),
+            np.zeros((m, 2), np.int32),
+            np.ones(m, np.int32),
+            0,
+            0.5,
+            hq,
+            hkv,
+            out,
+            min(hq * d, group),
+            np.zeros((m, hq * d), np.int8),
+            f32((m, 1)),
+            f32((m, 1)),
+        )

@@ -223,3 +223,21 @@ _chosen = tile_kernels(AVX2)
 tile4_block, tile4_row = _chosen["tile4_block"], _chosen["tile4_row"]
 tile8_block_32, tile8_row_32 = _chosen["tile8_block_32"], _chosen["tile8_row_32"]
 tile8_block_16, tile8_row_16 = _chosen["tile8_block_16"], _chosen["tile8_row_16"]
+
+
+@intrinsic
+def prefetch(typingctx, ary, index):
+    """Ask for element `index` of `ary`'s buffer to be brought into cache (a hint: no fault,
+    no result). For reads the hardware prefetcher does not see coming: paged K/V, block by
+    block."""
+    sig = types.void(ary, index)
+
+    def codegen(context, b, signature, args):
+        pointer = b.gep(_data(context, b, signature.args[0], args[0]), [args[1]])
+        i8p = b.bitcast(pointer, I8.as_pointer())
+        # read, keep in all cache levels, data cache
+        hint = [ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)]
+        _call(b, "llvm.prefetch.p0i8", ir.VoidType(), [i8p, *hint])
+        return context.get_dummy_value()
+
+    return sig, codegen

@@ -12,6 +12,7 @@ float32 here, where the torch path rounds it to bfloat16 after every op):
     add_norm_quantize   h += down of the layer before; x = RMSNorm(h); x -> int8 per 32
     project             qkv = x @ Wqkv (one call per matrix: a Q4_K q/k beside a Q6_K v is two)
     rope_store_attend   bias, q/k norm, RoPE, K/V into the pool, paged attention, -> int8
+                        (on several threads: rows shared out, for batches)
     project             o
     add_norm_quantize   h += o; x = RMSNorm(h) -> int8
     project             gate_up
@@ -252,6 +253,8 @@ class FusedCpuDecode:
     ) -> _Plan:
         ns = self.ns
         project = ns.project_parallel if parallel else ns.project
+        # Threads take rows: one row's attention runs on one thread either way.
+        attend_fn = ns.rope_store_attend_parallel if parallel and m > 1 else ns.rope_store_attend
         buffers = _Buffers(m)
         h = buffers.out("h", self.hidden)
         cos, sin = buffers.out("cos", self.head_dim), buffers.out("sin", self.head_dim)
@@ -287,14 +290,14 @@ class FusedCpuDecode:
                 tables,
                 lens,
                 layer.window,
-                layer.scale,
+                np.float32(layer.scale),  # a float64 scale made the score loop 2x slower
                 self.hq,
                 self.hkv,
                 attn,
                 r.group,
                 *r[:3],
             )
-            calls.append((ns.rope_store_attend, attend))
+            calls.append((attend_fn, attend))
             o = buffers.out("o", layer.o.n)
             calls += self._project(project, layer.o, attn, r, buffers, o)
             r = buffers.rounded(layer.gate_up)
@@ -311,7 +314,8 @@ class FusedCpuDecode:
         out = buffers.out("out", self.hidden)
         calls.append((ns.add_rows, (h, delta)))
         calls.append((ns.norm_rows, (h, self.final_norm, self.eps, out)))
-        return _Plan(h, cos, sin, group_inputs, calls, out, width)
+        bound = [_bound(fn, args) for fn, args in calls]
+        return _Plan(h, cos, sin, group_inputs, bound, out, width)
 
     def _project(
         self, project, p: _Projection, x: np.ndarray, r: _Rounded, buffers: _Buffers, y
@@ -328,6 +332,15 @@ class FusedCpuDecode:
             args = (w.codes, w.scale, w.low, w.group, w.n, *r[:3], y, mat.col0)
             calls.append((project[w.bits], args))
         return calls
+
+
+def _bound(fn, args: tuple) -> tuple:
+    """(the compiled function for exactly these arguments' types, args): a plan passes the same
+    arrays every step, so numba's dispatcher (typing ~10 arguments, then a lookup) need not run
+    240 times a step; the types are resolved once here as the dispatcher would resolve them.
+    Measured: 12.1 -> 10.3 ms for a bundled-model step's calls at one thread."""
+    signature = tuple(fn.typeof_pyval(a) for a in args)
+    return fn.compile(signature), args
 
 
 @dataclass(frozen=True)
