@@ -15,7 +15,7 @@ TOOL_APT_PKGS := nsis xvfb xdotool
 # CPU machines pin the CPU wheel; where an NVIDIA driver answers, pip's default CUDA build is wanted.
 TORCH_SPEC := $(shell nvidia-smi >/dev/null 2>&1 && echo "torch" || echo "torch==2.13.0")
 
-.PHONY: setup run test test-fast lint bench clean qt-libs apt-tools package package-test
+.PHONY: setup run test test-aot test-fast lint bench clean qt-libs apt-tools package package-test
 
 setup: $(STAMP)
 
@@ -66,6 +66,11 @@ run: setup
 TEST_WORKERS ?= 2
 test: setup lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# Every Triton kernel ahead of time for all six GPU targets (`make test` leaves out sm_80, which
+# sm_86's compile covers: tests/test_triton_aot.py says why).
+test-aot: setup
+	KVSCOPE_AOT_ALL=1 $(PY) -m pytest -q tests/test_triton_aot.py
 
 # The inner loop: lint, then everything but the tests marked slow, stopping at the first failure.
 test-fast: setup lint

@@ -99,12 +99,14 @@ def short_agent_workload(tmp_path):
 
 
 @pytest.mark.slow
-def test_sharing_figures(default_model, short_agent_workload):
-    ttft = measure_prefix_ttft(default_model, short_agent_workload)
+def test_sharing_figures(default_model_lazy, short_agent_workload):
+    # The engine as a user gets it (the GGUF's weights kept, numba's int8 kernels): the same
+    # blocks and cache hits as float32, and its prefill ~2.5x faster here (the test's cost).
+    ttft = measure_prefix_ttft(default_model_lazy, short_agent_workload, dtype="auto")
     # Every agent question after the first finds the shared system prompt's full blocks.
     assert ttft["cached_tokens_mean"] >= ttft["prompt_tokens_mean"] - 64
     assert ttft["cold_ttft_mean_s"] > 0 and ttft["cached_ttft_mean_s"] > 0
-    fork = measure_fork_blocks(default_model, short_agent_workload)
+    fork = measure_fork_blocks(default_model_lazy, short_agent_workload, dtype="auto")
     prompt_blocks = fork["prompt_tokens"] // 16
     assert prompt_blocks >= 20  # long enough that sharing its blocks dominates the peaks
     # Four uncached copies hold the prompt four times; n=4 holds its full blocks once.

@@ -21,11 +21,11 @@ CACHED_TTFT_TARGET = 0.2  # cached TTFT at most this share of cold
 FORK_SAVING_TARGET = 0.6  # n=4 needs at least this much fewer peak blocks than 4 requests
 
 
-def _llm(loaded: LoadedModel, caching: bool) -> LLM:
+def _llm(loaded: LoadedModel, caching: bool, dtype: str) -> LLM:
     return LLM(
         model=loaded,
         device="cpu",
-        dtype="float32",
+        dtype=dtype,
         num_kv_blocks=POOL_BLOCKS,
         enable_prefix_caching=caching,
     )
@@ -52,9 +52,11 @@ def _ttft(llm: LLM, prompt: list[int]) -> tuple[float, int]:
     return out.metrics.first_token_time - out.metrics.arrival_time, out.num_cached_tokens
 
 
-def measure_prefix_ttft(loaded: LoadedModel, workload: Path | None = None) -> dict:
+def measure_prefix_ttft(
+    loaded: LoadedModel, workload: Path | None = None, dtype: str = "float32"
+) -> dict:
     """Each agent question alone: cold (no cache) vs with the shared system prompt cached."""
-    cold_llm, warm_llm = _llm(loaded, caching=False), _llm(loaded, caching=True)
+    cold_llm, warm_llm = _llm(loaded, False, dtype), _llm(loaded, True, dtype)
     prompts = _agent_prompts(cold_llm, workload)
     _ttft(cold_llm, prompts[0][:8])  # warm-up of both engines' code paths, not of the cache
     cold = [_ttft(cold_llm, p)[0] for p in prompts[1:]]
@@ -77,16 +79,18 @@ def _peak(llm: LLM, prompt: list[int], params: list[SamplingParams]) -> int:
     return llm.stats()["kv_blocks_peak"]
 
 
-def measure_fork_blocks(loaded: LoadedModel, workload: Path | None = None) -> dict:
+def measure_fork_blocks(
+    loaded: LoadedModel, workload: Path | None = None, dtype: str = "float32"
+) -> dict:
     """Peak blocks: n=4 samples vs 4 independent requests (cache off and on) vs beam width 4."""
-    probe = _llm(loaded, caching=True)
+    probe = _llm(loaded, True, dtype)
     prompt = _agent_prompts(probe, workload)[0]
     one = SamplingParams(max_tokens=FORK_TOKENS, seed=0, ignore_eos=True)
     n4 = SamplingParams(n=FORK_WIDTH, max_tokens=FORK_TOKENS, seed=0, ignore_eos=True)
     forked = _peak(probe, prompt, [n4])
-    independent = _peak(_llm(loaded, caching=False), prompt, [one] * FORK_WIDTH)
-    independent_cached = _peak(_llm(loaded, caching=True), prompt, [one] * FORK_WIDTH)
-    beam_llm = _llm(loaded, caching=True)
+    independent = _peak(_llm(loaded, False, dtype), prompt, [one] * FORK_WIDTH)
+    independent_cached = _peak(_llm(loaded, True, dtype), prompt, [one] * FORK_WIDTH)
+    beam_llm = _llm(loaded, True, dtype)
     beam_llm.beam_search(
         [prompt], BeamSearchParams(beam_width=FORK_WIDTH, max_tokens=FORK_TOKENS, ignore_eos=True)
     )
