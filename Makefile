@@ -67,8 +67,8 @@ TEST_WORKERS ?= 2
 test: setup lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# Every Triton kernel ahead of time for all six GPU targets (`make test` leaves out sm_80, which
-# sm_86's compile covers: tests/test_triton_aot.py says why).
+# Every Triton kernel ahead of time for all six GPU targets (`make test` compiles for the four
+# consumer ones: tests/test_triton_aot.py says why).
 test-aot: setup
 	KVSCOPE_AOT_ALL=1 $(PY) -m pytest -q tests/test_triton_aot.py
 
