@@ -6,8 +6,8 @@ products per two instructions) and keeps the 32 activations of a group as scalar
 never finds x86's vpmaddubsw (32 products of an unsigned and a signed byte, summed in pairs, in
 one instruction), which is how llama.cpp multiplies 4-bit codes with int8 activations. Spelled
 out here, a 4-bit tile is 8 vector loads, 3 instructions each to split the nibbles, and per row
-16 vpmaddubsw on broadcast activation pairs. Measured on the bundled model's down projection
-(576 x 1536, one thread, against the loop kernel this replaced): see kernels/cpu_gemv.py.
+16 vpmaddubsw on broadcast activation pairs. Measured against the loops this replaced (the
+bundled model, one thread): 3.5x at 40 rows, figures in kernels/cpu_gemv.py.
 
 Where the CPU lacks AVX2, or numba is told to compile for another CPU, the same arithmetic is
 written as portable vector IR (zero/sign-extend, multiply, add even and odd lanes), which LLVM

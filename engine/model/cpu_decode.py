@@ -338,7 +338,8 @@ def _bound(fn, args: tuple) -> tuple:
     """(the compiled function for exactly these arguments' types, args): a plan passes the same
     arrays every step, so numba's dispatcher (typing ~10 arguments, then a lookup) need not run
     240 times a step; the types are resolved once here as the dispatcher would resolve them.
-    Measured: 12.1 -> 10.3 ms for a bundled-model step's calls at one thread."""
+    Measured: 12.1 -> 10.3 ms for a bundled-model step's calls at one thread (while another
+    process ran: the absolute times are high, the difference is the dispatch)."""
     signature = tuple(fn.typeof_pyval(a) for a in args)
     return fn.compile(signature), args
 
