@@ -15,7 +15,8 @@ TOOL_APT_PKGS := nsis xvfb xdotool
 # CPU machines pin the CPU wheel; where an NVIDIA driver answers, pip's default CUDA build is wanted.
 TORCH_SPEC := $(shell nvidia-smi >/dev/null 2>&1 && echo "torch" || echo "torch==2.13.0")
 
-.PHONY: setup run test test-aot test-fast lint bench clean qt-libs apt-tools package package-test
+.PHONY: setup run test test-aot test-fast lint bench clean qt-libs apt-tools package package-test \
+	vllm-wheel
 
 setup: $(STAMP)
 
@@ -64,8 +65,19 @@ run: setup
 # serial run would leave a core idle. Measured on the 2-core dev machine, quiet: the whole suite
 # in 12 min 12 s with two workers. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
-test: setup lint
+test: setup lint vllm-wheel
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# vLLM's released wheel, for the conformance tests that run vLLM's own code against ours
+# (tests/vllm_code.py): downloaded once per machine (~330 MB), never installed, never committed.
+VLLM_VERSION := 0.33.0
+VLLM_WHEEL_STAMP := .cache/vllm/.wheel-$(VLLM_VERSION)
+vllm-wheel: $(VLLM_WHEEL_STAMP)
+
+$(VLLM_WHEEL_STAMP): | $(STAMP)
+	@mkdir -p .cache/vllm
+	$(PIP) download -q --no-deps -d .cache/vllm "vllm==$(VLLM_VERSION)"
+	@touch $@
 
 # Every Triton kernel ahead of time for all six GPU targets (`make test` compiles for the four
 # consumer ones: tests/test_triton_aot.py says why).
@@ -73,7 +85,7 @@ test-aot: setup
 	KVSCOPE_AOT_ALL=1 $(PY) -m pytest -q tests/test_triton_aot.py
 
 # The inner loop: lint, then everything but the tests marked slow, stopping at the first failure.
-test-fast: setup lint
+test-fast: setup lint vllm-wheel
 	$(PY) -m pytest -q -x -m "not slow"
 
 lint: setup
