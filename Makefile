@@ -68,8 +68,9 @@ TEST_WORKERS ?= 2
 test: setup lint vllm-wheel
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# vLLM's released wheel, for the conformance tests that run vLLM's own code against ours
-# (tests/vllm_code.py): downloaded once per machine (~330 MB), never installed, never committed.
+# vLLM's released wheel (~330 MB) and source release (~47 MB, for its example subscriber and test
+# client), for the conformance tests that run vLLM's own code against ours (tests/vllm_code.py):
+# downloaded once per machine into .cache/vllm, never installed, never committed.
 VLLM_VERSION := 0.33.0
 VLLM_WHEEL_STAMP := .cache/vllm/.wheel-$(VLLM_VERSION)
 vllm-wheel: $(VLLM_WHEEL_STAMP)
@@ -77,6 +78,7 @@ vllm-wheel: $(VLLM_WHEEL_STAMP)
 $(VLLM_WHEEL_STAMP): | $(STAMP)
 	@mkdir -p .cache/vllm
 	$(PIP) download -q --no-deps -d .cache/vllm "vllm==$(VLLM_VERSION)"
+	$(PY) tests/vllm_code.py
 	@touch $@
 
 # Every Triton kernel ahead of time for all six GPU targets (`make test` compiles for the four

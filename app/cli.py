@@ -129,9 +129,15 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-events-topic", default="", help="ZMQ topic of the KV events")
     p.add_argument(
         "--kv-events-encoding",
-        default="array",
-        choices=("array", "map"),
-        help="vLLM's positional layout (array) or the map layout of vLLM after PR #42892",
+        default="map",
+        choices=("map", "array"),
+        help="events as maps (vLLM 0.33's layout) or positional arrays (older vLLM's)",
+    )
+    p.add_argument(
+        "--prefix-caching-hash-algo",
+        default="sha256",
+        choices=("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"),
+        help="the block hashes the KV events carry, computed as vLLM's option of this name does",
     )
     _engine_args(p)
 

@@ -18,11 +18,11 @@ def start_server(
     num_kv_blocks: int,
     max_model_len: int = 256,
     block_size: int = 16,
-    kv_events: bool = False,
+    kv_events: bool | tuple[str, str] = False,
     **server_options,
 ):
-    """A started Server (`.stop()` it); with `kv_events`, publishing on fresh endpoints, which
-    it keeps as `.kv_endpoints` (pub, replay)."""
+    """A started Server (`.stop()` it); with `kv_events`, publishing on fresh endpoints (or the
+    (pub, replay) pair given), which it keeps as `.kv_endpoints`."""
     from app.serve.server import Server
     from engine import LLM
 
@@ -35,8 +35,35 @@ def start_server(
         max_model_len=max_model_len,
     )
     if kv_events:
-        pub, replay = free_endpoint(), free_endpoint()
+        pub, replay = (
+            kv_events if isinstance(kv_events, tuple) else (free_endpoint(), free_endpoint())
+        )
         server_options.update(kv_events=pub, kv_events_replay=replay)
     server = Server(llm, port=0, **server_options).start()
     server.kv_endpoints = (pub, replay) if kv_events else None
     return server
+
+
+def engine_event_hashes(srv, hasher=None) -> set:
+    """The block hashes `srv`'s KV events should announce for what its engine caches now: each
+    cached block's token chain (its parents' tokens, then its own) hashed as vLLM hashes it,
+    by `hasher` (default: the server's own vLLM hasher, PYTHONHASHSEED as this process has it)."""
+    hasher = hasher or srv.translator.hasher
+
+    def read(engine):
+        total = engine.stats()["kv_blocks_total"]
+        return [k for k in map(engine.block_hash, range(total)) if k is not None]
+
+    keys = srv.engine_loop.call(read).result(timeout=30)
+    links = {own: (parent, tokens) for own, parent, tokens, _group in keys}
+    digests: dict = {}
+
+    def digest(own):
+        if own not in digests:
+            parent, tokens = links[own]
+            digests[own] = hasher.hash_block(None if parent is None else digest(parent), tokens)
+        return digests[own]
+
+    from app.remote.block_hashes import external_hash
+
+    return {external_hash(digest(own), hasher.int_hashes) for own in links}

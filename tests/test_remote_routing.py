@@ -60,8 +60,11 @@ def test_block_hashes_follow_vllms_recipe(algo):
 
 
 def test_hashes_that_cannot_be_reproduced():
-    assert hasher_for(None, "sha256_cbor") is None  # vLLM then seeds with os.urandom
-    assert hasher_for(SEED, "xxh3_64_salted") is None  # kvscope serve's own, salt unpublished
+    # PYTHONHASHSEED unset: vLLM seeds xxhash at random, sha256 with a fixed value
+    # (tests/test_vllm_kv_events.py checks both against vLLM's own code).
+    assert hasher_for(None, "xxhash_cbor") is None and hasher_for("", "xxhash") is None
+    assert hasher_for(None, "sha256_cbor").seed == hasher_for("", "sha256").seed
+    assert hasher_for(SEED, "xxh3_64_salted") is None  # not an algorithm vLLM has
     assert hasher_for(SEED).algo == "sha256"  # vLLM's default algorithm
 
 
@@ -93,13 +96,16 @@ def test_predict_hits_for_two_replicas(use_hash):
     assert {h.method for h in hits} == {method}
 
 
-def test_hash_method_misses_blocks_with_other_hashes():
-    """By hash, a replica hashing with another seed holds nothing of ours; by tokens it does."""
+def test_a_wrong_seed_falls_back_to_token_ids_and_says_so():
+    """A replica hashing with another seed holds nothing by our hashes, all by tokens: the
+    prediction is the token one, and names the likely cause."""
     tokens = list(range(3 * BS))
     theirs = cache_from_events("x", BlockHasher("sha256_cbor", "999"), [tokens])
-    (by_hash,) = predict_hits({"x": tokens}, {"x": theirs}, {"x": BlockHasher("sha256_cbor", SEED)})
+    (wrong,) = predict_hits({"x": tokens}, {"x": theirs}, {"x": BlockHasher("sha256_cbor", SEED)})
     (by_tokens,) = predict_hits({"x": tokens}, {"x": theirs}, {"x": None})
-    assert (by_hash.blocks_held, by_tokens.blocks_held) == (0, 3)
+    assert (wrong.blocks_held, by_tokens.blocks_held) == (3, 3)
+    assert wrong.method.startswith(TOKEN_METHOD) and "PYTHONHASHSEED" in wrong.method
+    assert by_tokens.method == TOKEN_METHOD
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import httpx
 import msgspec
 import pytest
 from remote_fakes import FakeKVServer, free_endpoint, wait_until
-from served import start_server
+from served import engine_event_hashes, start_server
 
 from app.remote.kv_subscriber import RESTART_SEQ, KVEventSubscriber
 from app.remote.kv_wire import AllBlocksCleared
@@ -167,7 +167,8 @@ def test_joining_late_a_bounded_buffer_and_no_replay_at_all():
     try:
         wait_until(lambda: rec.seqs == [3, 4], what="what the buffer still holds")
         status = sub.status()
-        assert (status.first_seq, status.missed, status.recovered) == (3, 0, 2)
+        # Seqs 0-2 are lost for good, and counted so.
+        assert (status.first_seq, status.missed, status.recovered) == (3, 3, 2)
     finally:
         stop_promptly(sub)
     # Without a replay endpoint: the first live seq is where we start; gaps are lost.
@@ -181,7 +182,8 @@ def test_joining_late_a_bounded_buffer_and_no_replay_at_all():
         last = server.publish(payload(0))
         wait_until(lambda: rec.seqs[-1] == last, what="the seq after the gap")
         status = sub.status()
-        assert status.first_seq == first and status.missed == 1 and not status.replay
+        # What came before the first live seq, and the gap.
+        assert status.first_seq == first and status.missed == first + 1 and not status.replay
     finally:
         stop_promptly(sub)
         server.close()
@@ -259,7 +261,8 @@ def test_stop_is_prompt_in_every_state():
 
 
 def test_against_a_real_kvscope_server(default_model):
-    """`kvscope serve`'s publisher: the rebuilt cache holds exactly the engine's hashes."""
+    """`kvscope serve`'s publisher: the rebuilt cache holds exactly the engine's blocks, under
+    vLLM's hashes of their token chains."""
     srv = start_server(default_model, 32, kv_events=True)
     pub, replay = srv.kv_endpoints
     cache = RemoteCache("kvscope")
@@ -274,14 +277,8 @@ def test_against_a_real_kvscope_server(default_model):
         assert reply.status_code == 200, reply.text
         sub.start()
 
-        def engine_hashes():
-            def read(engine):
-                total = engine.stats()["kv_blocks_total"]
-                return {k[0] for k in map(engine.block_hash, range(total)) if k is not None}
-
-            return srv.engine_loop.call(read).result(timeout=30)
-
-        expected = engine_hashes()
+        # vLLM's sha256 hashes of each cached block's token chain (what vLLM would announce).
+        expected = engine_event_hashes(srv)
         assert len(expected) >= 3
         wait_until(lambda: {h for _, h in cache.blocks} == expected, what="the engine's blocks")
         assert cache.block_size == 16 and sub.status().recovered >= 2

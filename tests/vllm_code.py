@@ -18,19 +18,33 @@ Nothing of vLLM is copied into this repository: the suite reads it at test time.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
 import logging
+import re
 import subprocess
 import sys
+import tarfile
 import types
+import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
 
 VLLM_VERSION = "0.33.0"
+# The source release on PyPI carries what the wheel leaves out: vLLM's example KV-event
+# subscriber and the replay client of its own test suite.
+SDIST_INDEX = "https://pypi.org/simple/vllm/"
+SDIST_FILES = (
+    "examples/features/kv_events/kv_events_subscriber.py",
+    "tests/__init__.py",
+    "tests/distributed/__init__.py",
+    "tests/distributed/conftest.py",
+    "tests/distributed/test_events.py",
+)
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "vllm"
 
@@ -51,6 +65,14 @@ REAL = frozenset(
         "vllm.sampling_params",
         "vllm.config.cache",
         "vllm.config.utils",
+        "vllm.config.kv_events",
+        # The OpenAI server's request models (tests/test_vllm_sampling.py) and what they build on.
+        "vllm.exceptions",
+        "vllm.entrypoints.serve.engine.protocol",
+        "vllm.entrypoints.generate.base.protocol",
+        "vllm.entrypoints.openai.chat_completion.protocol",
+        "vllm.entrypoints.openai.completion.protocol",
+        "vllm.entrypoints.serve.tokenize.protocol",
     }
 )
 
@@ -86,6 +108,66 @@ def source_root() -> Path:
     return target
 
 
+def sdist_root() -> Path:
+    """vLLM's source release, the files of SDIST_FILES unpacked (downloaded once from PyPI,
+    checked against the sha256 its index states)."""
+    target = CACHE / f"sdist-{VLLM_VERSION}"
+    marker = target / ".unpacked"
+    if marker.exists():
+        return target
+    archive = CACHE / f"vllm-{VLLM_VERSION}.tar.gz"
+    if not archive.exists():
+        fetch_sdist(archive)
+    prefix = f"vllm-{VLLM_VERSION}/"
+    with tarfile.open(archive) as tar:
+        for rel in SDIST_FILES:
+            member = tar.getmember(prefix + rel)
+            out = target / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(tar.extractfile(member).read())
+    marker.write_text(VLLM_VERSION)
+    return target
+
+
+def fetch_sdist(archive: Path) -> None:
+    name = archive.name
+    try:
+        with urllib.request.urlopen(SDIST_INDEX, timeout=60) as page:
+            html = page.read().decode()
+        found = re.search(rf'href="([^"]*/{re.escape(name)})#sha256=([0-9a-f]{{64}})"', html)
+        if not found:
+            pytest.fail(f"{name} is not listed at {SDIST_INDEX}")
+        url, digest = found.groups()
+        with urllib.request.urlopen(url, timeout=300) as reply:
+            data = reply.read()
+    except OSError as e:
+        pytest.fail(f"cannot download {name} from PyPI: {e}")
+    if hashlib.sha256(data).hexdigest() != digest:
+        pytest.fail(f"{name} from {url} does not match the sha256 PyPI states")
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    archive.write_bytes(data)
+
+
+def sdist_file(rel: str) -> Path:
+    return sdist_root() / rel
+
+
+def vllm_test_module(rel: str) -> types.ModuleType:
+    """A module of vLLM's own test suite (e.g. "tests/distributed/conftest.py"), imported as
+    `vllm_tests.…` so that its relative imports resolve among vLLM's test files."""
+    install()
+    root = sdist_root() / "tests"
+    parts = Path(rel).with_suffix("").parts
+    assert parts[0] == "tests", rel
+    for depth in range(1, len(parts)):
+        name = ".".join(("vllm_tests",) + parts[1:depth])
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(root.joinpath(*parts[1:depth]))]
+            sys.modules[name] = package
+    return importlib.import_module(".".join(("vllm_tests",) + parts[1:]))
+
+
 class _Placeholder:
     """An inert stand-in for a vLLM name the code under test imports but does not use."""
 
@@ -94,6 +176,14 @@ class _Placeholder:
 
     def __class_getitem__(cls, item):
         return cls
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source, handler):
+        # A pydantic model of vLLM's may name a stand-in as a field's type (a message part, a
+        # logprob): that field takes any value. Field names and defaults stay vLLM's own.
+        from pydantic_core import core_schema
+
+        return core_schema.any_schema()
 
 
 def _placeholder(module: str, name: str) -> type:
@@ -186,3 +276,8 @@ def module(name: str) -> types.ModuleType:
     if name in REAL:
         assert str(mod.__file__).startswith(str(CACHE)), mod.__file__
     return mod
+
+
+if __name__ == "__main__":
+    # `make vllm-wheel`: fetch and unpack both releases once, before the tests run.
+    print(source_root(), sdist_root())

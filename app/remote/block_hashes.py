@@ -1,35 +1,29 @@
-"""Reproduce a server's prefix-cache block hashes, so routing can ask "does replica R hold
-block h of this prompt?" with the very keys R's KV events carry.
+"""Reproduce a vLLM server's prefix-cache block hashes, so routing can ask "does replica R hold
+block h of this prompt?" with the very keys R's KV events carry. `kvscope serve` publishes the
+same hashes (app/serve/kv_events.py), so one hasher serves both.
 
-vLLM (read at vllm-project/vllm @ 001cabc1be16a59a70d720ed61a13b678c060a18,
-vllm/v1/core/kv_cache_utils.py, and @ ac621345a4eb18058bb24b242b457f634d476b40,
-vllm/utils/hashing.py; the algorithm names are CacheConfig.prefix_caching_hash_algo):
+As vLLM 0.33.0 computes them (vllm/v1/core/kv_cache_utils.py, vllm/utils/hashing.py; checked by
+tests/test_vllm_hashes.py, which hashes with vLLM's own functions from its wheel):
 
 - block i of a prompt (full blocks only, `block_size` tokens each) hashes
-  `hash_fn((parent, tuple(tokens_i), extra_keys))`, `parent` being block i-1's hash, or for
+  `hash_fn((parent, tuple(tokens_i), extra_keys))`, `parent` being block i-1's digest, or for
   the first block NONE_HASH; `extra_keys` is None unless the request has a LoRA adapter, a
   cache_salt, multimodal inputs or prompt embeddings (those we cannot reproduce: such blocks
   simply do not match);
-- NONE_HASH = `hash_fn(os.getenv("PYTHONHASHSEED"))` (the seed as a str); with the variable
-  unset it is 32 random bytes, and no one outside the server can reproduce its hashes;
-- hash_fn by algorithm: "sha256" (vLLM's default): SHA-256 of `pickle.dumps(x,
-  protocol=pickle.HIGHEST_PROTOCOL)`; "sha256_cbor": SHA-256 of `cbor2.dumps(x,
-  canonical=True)` (both as in hashing.py @ ac621345); "xxhash" / "xxhash_cbor": the xxh3-128
-  digest (`xxhash.xxh3_128_digest`) of the same serialisations, as later hashing.py versions
-  define them (kv_cache_utils @ 001cabc1 imports xxhash_cbor; that hashing.py is not the
-  one read at ac621345, which predates it);
+- NONE_HASH = `hash_fn(seed)`: the server's PYTHONHASHSEED when set; unset, the fixed
+  "vllm-none-hash" for sha256 / sha256_cbor (cryptographic: shareable across processes), and
+  32 random bytes for xxhash / xxhash_cbor (no one outside the server can reproduce those);
+- hash_fn by algorithm (CacheConfig.prefix_caching_hash_algo): "sha256" (the default):
+  SHA-256 of `pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)`; "sha256_cbor": SHA-256 of
+  `cbor2.dumps(x, canonical=True)`; "xxhash" / "xxhash_cbor": the xxh3-128 digest of the same
+  serialisations;
 - the KV events carry `int.from_bytes(digest, "big") & (2**64 - 1)` (the low 64 bits) when
   VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, the default, else the digest bytes; the chain itself
   always runs on the full digests.
 
 Pickle-based hashes depend on the pickle format (stable for bytes, tuples of ints and None at
 protocol 5, but vLLM warns they may differ across Python versions); the CBOR ones are meant to
-be reproducible. Newer vLLM adds msgpack-based algorithms, not reproduced here.
-
-KVScope's own engine (engine/kv/block_manager.py `hash_block`) hashes
-xxh3_64(salt, parent's 8 bytes or b"root", int64 token ids), with a salt made from the model's
-path and KV dtype that `kvscope serve` does not publish: not reproducible from outside, so
-routing falls back to the events' token ids (app/remote/routing.py)."""
+be reproducible."""
 
 from __future__ import annotations
 
@@ -44,6 +38,9 @@ import xxhash
 
 ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 DEFAULT_ALGO = "sha256"  # vLLM's CacheConfig default
+# vLLM's NONE_HASH seed when PYTHONHASHSEED is unset and the algorithm is cryptographic.
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+CRYPTO_ALGOS = ("sha256", "sha256_cbor")
 INT_MASK = (1 << 64) - 1
 
 
@@ -117,14 +114,24 @@ class BlockHasher:
         return [external_hash(d, self.int_hashes) for d in self.chain(token_ids, block_size)]
 
 
+def none_hash_seed(seed: str | None, algo: str) -> str | None:
+    """The seed a vLLM server derives NONE_HASH from, given its PYTHONHASHSEED (None: unset);
+    None when that seed is random (an xxhash algorithm with no PYTHONHASHSEED)."""
+    if seed is not None:
+        return seed
+    return DEFAULT_NONE_HASH_SEED if algo in CRYPTO_ALGOS else None
+
+
 def hasher_for(
     seed: str | None, algo: str | None = None, int_hashes: bool = True
 ) -> BlockHasher | None:
-    """The hasher for a vLLM server, or None when its hashes cannot be reproduced: no known
-    PYTHONHASHSEED (vLLM then seeds with random bytes) or an algorithm we do not know."""
-    if seed is None or seed == "":
+    """The hasher for a vLLM server whose PYTHONHASHSEED is `seed` (None or "": unset), or None
+    when its hashes cannot be reproduced: a random seed, or an algorithm we do not know."""
+    algo = algo or DEFAULT_ALGO
+    resolved = none_hash_seed(seed if seed != "" else None, algo)
+    if resolved is None:
         return None
     try:
-        return BlockHasher(algo or DEFAULT_ALGO, str(seed), int_hashes)
+        return BlockHasher(algo, str(resolved), int_hashes)
     except UnknownHashAlgo:
         return None

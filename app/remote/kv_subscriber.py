@@ -1,15 +1,17 @@
 """Follow one server's KV event stream: a SUB socket, the replay DEALER, a thread of its own.
 
-Protocol (vllm/distributed/kv_events.py; app/serve/kv_events.py is ours): the PUB socket sends
-multipart (topic, seq as 8-byte big-endian, payload); the replay ROUTER answers a request
-(b"", start seq as 8 bytes big-endian) with (b"", seq, payload) for every buffered batch from
-that seq, then (b"", -1, b"").
+Protocol (vLLM 0.33's vllm/distributed/kv_events.py; app/serve/kv_events.py is ours): the PUB
+socket sends multipart (topic, seq as 8-byte big-endian, payload); the replay socket is read by
+app/remote/kv_replay.py. tests/test_vllm_kv_events.py feeds this subscriber from vLLM's own
+publisher.
 
 What the thread does, and why:
 - On connecting it asks the replay socket for everything buffered from seq 0, so a server that
   is idle (and sends nothing live) still shows what it holds.
 - Batches reach `on_batch(seq, batch)` once each, in seq order. A gap in the live seqs is
-  filled from the replay socket; what it cannot give back is counted in `missed`. A replay
+  filled from the replay socket; what it cannot give back is counted in `missed`, and so is
+  the history before the first batch we hold (a publisher counts from seq 0: joining at seq N
+  without a replay that reaches back to 0 misses N batches, and `first_seq` says so). A replay
   request that gets no answer within `replay_timeout_s` is given up (the DEALER is replaced so
   a late answer cannot be mistaken for the next one) and further replays back off.
 - A restart is a live seq that is not above the previous live seq (a fresh publisher counts
@@ -20,7 +22,8 @@ What the thread does, and why:
   sends one when its prefix cache is reset; a cache that clears itself is not proof of a
   restart, and our own server opens every stream with one).
 - A frame that does not decode is counted in `malformed`, its seq is consumed, and the thread
-  carries on.
+  carries on. A seq past MAX_SEQ (2^40: 35 years of 1,000 steps a second) is malformed too,
+  so that one absurd frame cannot make every later batch look old.
 - Reconnecting is ZMQ's own, with exponential backoff from `backoff[0]` to `backoff[1]`
   seconds (RECONNECT_IVL / RECONNECT_IVL_MAX) and heartbeats so a vanished host is noticed; a
   socket monitor tells connected from not. States: "connecting" (not connected: first try or
@@ -40,13 +43,14 @@ from dataclasses import dataclass, replace
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from app.remote.kv_replay import ReplayClient, ReplayFailed
 from app.remote.kv_wire import AllBlocksCleared, EventBatch, MalformedFrame, decode_batch
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05
 MAX_FRAME_BYTES = 64 << 20  # a batch of thousands of 16-token blocks is a few MiB
-END_SEQ = -1
+MAX_SEQ = 1 << 40
 RESTART_SEQ = -1  # the seq of the synthetic clearing batch delivered on a restart
 STATUS_EVERY_S = 0.25  # seq-only status changes are reported at most this often
 
@@ -71,10 +75,6 @@ class SubscriberStatus:
     resets: int = 0  # AllBlocksCleared after the stream's first batch (a cache reset, or a
     # restarted server announcing itself; our own server sends one as its seq 0)
     replay: bool = False  # a replay endpoint is configured
-
-
-class ReplayFailed(Exception):
-    """The replay socket did not answer in time (or refused the request)."""
 
 
 class KVEventSubscriber:
@@ -114,13 +114,11 @@ class KVEventSubscriber:
         self._last_live: int | None = None  # last seq seen on the PUB socket
         self._last_payload: bytes | None = None  # payload of seq _expected - 1, to verify
         self._verify = False  # after a reconnect: check the server is the one we followed
-        self._replay_delay = lo
-        self._replay_after = 0.0  # monotonic; replays wait for this after a failure
         self._connected_at = 0.0
         self._was_connected = False
         self._last_frame_mono = 0.0
         self._ctx: zmq.Context | None = None
-        self._dealer: zmq.Socket | None = None
+        self._replay: ReplayClient | None = None
 
     # ---- public ------------------------------------------------------------------------
     def start(self) -> KVEventSubscriber:
@@ -225,7 +223,16 @@ class KVEventSubscriber:
         )
         sub.connect(self.endpoint)
         self._ctx = ctx
-        self._dealer = None
+        self._replay = None
+        if self.replay_endpoint:
+            self._replay = ReplayClient(
+                lambda: self._socket(ctx, zmq.DEALER, self.replay_endpoint),
+                self.replay_endpoint,
+                on_malformed=lambda why: self._bump("malformed", error=why),
+                stopping=self._stop.is_set,
+                backoff=self.backoff,
+                gap_s=self.replay_timeout_s,
+            )
         self._dropped_at: float | None = None
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
@@ -251,8 +258,8 @@ class KVEventSubscriber:
             sub.disable_monitor()
             monitor.close(linger=0)
             sub.close(linger=0)
-            if self._dealer is not None:
-                self._dealer.close(linger=0)
+            if self._replay is not None:
+                self._replay.close()
 
     def _on_monitor(self, monitor: zmq.Socket) -> None:
         while True:
@@ -335,7 +342,7 @@ class KVEventSubscriber:
             return
         _, seq_bytes, payload = frames
         seq = int.from_bytes(seq_bytes, "big", signed=True)
-        if seq < 0:
+        if not 0 <= seq < MAX_SEQ:
             self._bump("malformed", error=f"a live frame with seq {seq}")
             return
         if self._verify:
@@ -350,6 +357,7 @@ class KVEventSubscriber:
             self._fill(seq)
             if self._expected is None:
                 self._expected = seq  # older history unknown (first_seq says from where)
+                self._missed_before(seq)
         if seq > self._expected:
             self._fill(seq)
         if seq < self._expected:
@@ -360,7 +368,7 @@ class KVEventSubscriber:
 
     def _sync_on_connect(self) -> None:
         """On (re)connecting: the history the replay socket holds, and a restart check."""
-        if not self.replay_endpoint:
+        if self._replay is None:
             return
         if self._verify:
             self._verify_same_server()
@@ -376,14 +384,14 @@ class KVEventSubscriber:
         if self._expected is None or self._expected == 0 or self._last_payload is None:
             self._verify = False
             return
-        if not self.replay_endpoint:
+        if self._replay is None:
             self._verify = False
             return
-        if time.monotonic() < self._replay_after:
+        if not self._replay.ready():
             return  # backing off after a failed replay; checked again on a later frame
         last = self._expected - 1
         try:
-            frames = self._request(last)
+            frames = self._replay.request(last)
         except ReplayFailed as e:
             self._set(error=str(e))
             return
@@ -409,7 +417,7 @@ class KVEventSubscriber:
 
     def _fill(self, upto: int) -> None:
         """Seqs _expected .. upto-1 from the replay socket (and whatever follows them)."""
-        if not self.replay_endpoint or time.monotonic() < self._replay_after:
+        if self._replay is None or not self._replay.ready():
             return
         try:
             self._replay_into(self._expected or 0, until=None)
@@ -417,14 +425,18 @@ class KVEventSubscriber:
             self._set(error=str(e))
 
     def _replay_into(self, start: int, until: int | None) -> None:
-        self._deliver(self._request(start), until)
+        self._deliver(self._replay.request(start), until)
 
     def _deliver(self, frames: list[tuple[int, bytes]], until: int | None) -> None:
         for seq, payload in frames:
             if until is not None and seq >= until:
                 break
+            if not seq < MAX_SEQ:
+                self._bump("malformed", error=f"a replayed frame with seq {seq}")
+                return
             if self._expected is None:
                 self._expected = seq  # the oldest batch the server still buffers
+                self._missed_before(seq)
             if seq < self._expected:
                 continue
             if seq > self._expected:
@@ -432,43 +444,10 @@ class KVEventSubscriber:
             self._apply(seq, payload)
             self._bump("recovered")
 
-    def _request(self, start: int) -> list[tuple[int, bytes]]:
-        """Ask the replay socket for every buffered batch from `start`; [(seq, payload)]."""
-        if self._dealer is None:
-            self._dealer = self._socket(self._ctx, zmq.DEALER, self.replay_endpoint)
-        dealer = self._dealer
-        try:
-            dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
-            frames: list[tuple[int, bytes]] = []
-            deadline = time.monotonic() + self.replay_timeout_s
-            while not self._stop.is_set():
-                if not dealer.poll(int(POLL_S * 1000)):
-                    if time.monotonic() > deadline:
-                        raise ReplayFailed(
-                            f"replay {self.replay_endpoint} gave no answer within "
-                            f"{self.replay_timeout_s:g} s"
-                        )
-                    continue
-                parts = dealer.recv_multipart()
-                deadline = time.monotonic() + self.replay_timeout_s
-                if len(parts) != 3 or len(parts[1]) != 8:
-                    self._bump("malformed", error=f"a replay frame of {len(parts)} parts")
-                    continue
-                seq = int.from_bytes(parts[1], "big", signed=True)
-                if seq == END_SEQ:
-                    self._replay_delay = self.backoff[0]
-                    return frames
-                frames.append((seq, parts[2]))
-            raise ReplayFailed("stopped during a replay")
-        except (ReplayFailed, zmq.ZMQError) as e:
-            # A late answer to this request must not pass for the next one's: a fresh DEALER.
-            dealer.close(linger=0)
-            self._dealer = None
-            self._replay_after = time.monotonic() + self._replay_delay
-            self._replay_delay = min(self._replay_delay * 2, self.backoff[1])
-            if isinstance(e, ReplayFailed):
-                raise
-            raise ReplayFailed(f"replay {self.replay_endpoint}: {e}") from None
+    def _missed_before(self, first: int) -> None:
+        """The stream starts at `first`: the batches 0..first-1 of this publisher are lost."""
+        if first > 0:
+            self._bump("missed", first, error=f"joined at seq {first}; older batches are gone")
 
     def _apply(self, seq: int, payload: bytes) -> None:
         self._expected = seq + 1

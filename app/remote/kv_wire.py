@@ -4,16 +4,16 @@ vLLM's schema (vllm/distributed/kv_events.py; our publisher app/serve/kv_events.
 a batch `[ts, events, data_parallel_rank?]` (always array-like), each event a tagged struct
 `BlockStored` / `BlockRemoved` / `AllBlocksCleared` in one of two layouts:
 
-- array (vLLM's example subscriber, releases before vllm-project/vllm#42892):
+- map (vLLM 0.33, and `kvscope serve` by default): `{"type": "BlockStored", "block_hashes": ...}`;
+- array (older vLLM releases, `kvscope serve --kv-events-encoding array`):
   `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-  lora_name, extra_keys?, group_idx?, ...]`, fields by position after the tag;
-- map (later releases): `{"type": "BlockStored", "block_hashes": ..., ...}`.
+  lora_name, extra_keys?, group_idx?, ...]`, fields by position after the tag.
 
 We decode the msgpack generically (msgspec without a type) and pick fields ourselves, so that
 both layouts, unknown trailing fields (a newer vLLM appends them) and unknown map keys are
 read without a schema change, and fields an older vLLM lacks take their defaults. Anything
 that does not fit raises MalformedFrame with a short reason; the subscriber counts it and
-carries on."""
+carries on. tests/test_vllm_kv_events.py feeds it batches from vLLM 0.33's own publisher."""
 
 from __future__ import annotations
 

@@ -200,11 +200,13 @@ class ReplicaMonitor:
         seed = self.connection.hash_seed
         if algo is not None and algo not in ALGOS:
             return None, f"hash algorithm {algo!r} is not reproducible; matching token ids"
-        if seed is None:
-            return None, "PYTHONHASHSEED unknown: hashes not reproducible; matching token ids"
-        hasher = hasher_for(seed, algo or DEFAULT_ALGO)
+        used = algo or DEFAULT_ALGO
+        hasher = hasher_for(seed, used)
+        if hasher is None:  # an xxhash algorithm seeded at random: only the server knows
+            return None, f"{used} with a random seed (PYTHONHASHSEED unset); matching token ids"
         assumed = "" if algo else " (assumed: the server does not say)"
-        return hasher, f"{(algo or DEFAULT_ALGO)}{assumed}, PYTHONHASHSEED={seed}"
+        seed_note = f"PYTHONHASHSEED={seed}" if seed else "PYTHONHASHSEED unset (vLLM's fixed seed)"
+        return hasher, f"{used}{assumed}, {seed_note}"
 
 
 class _HttpStatus(Exception):

@@ -5,8 +5,10 @@ By hash when the replica's hashes can be reproduced (app/remote/block_hashes.py)
 chain is hashed as the server would, and each hash looked up among the blocks its events
 announced, in whichever form they carry (64-bit int or digest bytes). Otherwise by token ids:
 the events carry each block's tokens, so a block matches when its tokens and its parent link
-do (RemoteCache.held_prefix_blocks). Both count leading blocks only: a cached block past the
-first miss is not reused, since its key includes the whole prefix."""
+do (RemoteCache.held_prefix_blocks). Token ids are checked too when hashing: more blocks held
+by tokens than by hash means the hasher's seed is wrong, and the answer says so. Both count
+leading blocks only: a cached block past the first miss is not reused, since its key includes
+the whole prefix."""
 
 from __future__ import annotations
 
@@ -52,12 +54,16 @@ def predict_hits(
             continue
         in_prompt = len(tokens) // bs
         hasher = hashers.get(replica)
+        held = cache.held_prefix_blocks(tokens, bs)
+        method = TOKEN_METHOD
         if hasher is not None:
-            held = _held_by_hash(cache, hasher, tokens, bs)
-            method = hasher.method
-        else:
-            held = cache.held_prefix_blocks(tokens, bs)
-            method = TOKEN_METHOD
+            by_hash = _held_by_hash(cache, hasher, tokens, bs)
+            if by_hash >= held:
+                held, method = by_hash, hasher.method
+            else:
+                # The events hold blocks with these very tokens under other keys: the server's
+                # seed is not the one assumed (a PYTHONHASHSEED nobody told us). Say so.
+                method = f"{TOKEN_METHOD} ({hasher.algo} hashes do not match: PYTHONHASHSEED?)"
         hits.append(RouteHit(replica, held, in_prompt, held * bs, method, bs))
     hits.sort(key=lambda h: (-h.blocks_held, -h.share, h.replica))
     return hits

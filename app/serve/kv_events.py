@@ -1,30 +1,39 @@
 """KV-cache events in vLLM's wire format, published over ZMQ, so routers built for vLLM (NVIDIA
 Dynamo's KV router, llm-d) can follow KVScope's prefix cache.
 
-Schema and transport follow vllm/distributed/kv_events.py (vllm-project/vllm @ 0181ea31, the
-newest main read; the transport is unchanged since b4e69e0a): a `KVEventBatch(ts, events,
-data_parallel_rank)` of tagged `BlockStored` / `BlockRemoved` / `AllBlocksCleared` structs,
-msgpack-encoded by msgspec. The PUB socket sends multipart (topic, seq as 8-byte big-endian,
-payload); the replay ROUTER answers a start seq (8 bytes, big-endian) with every buffered
-(seq, payload) from it, then (-1 as 8 bytes, b"").
+As vLLM 0.33.0 sends them (vllm/distributed/kv_events.py), checked by tests/test_vllm_kv_events.py
+with vLLM's own decoder, replay client, example subscriber and publisher from its wheel and
+sources:
 
-Two layouts exist. vLLM's example subscriber and releases before vllm-project/vllm#42892 encode
-everything array-like (positional); later releases encode the events as maps keyed by field
-name with the tag under "type", inside the same array-like batch. `encoding="array"` (the
-default, what the example subscriber decodes) or `"map"` picks one; the routers read both.
+- a `KVEventBatch(ts, events, data_parallel_rank)`, array-like, of tagged `BlockStored` /
+  `BlockRemoved` / `AllBlocksCleared` structs encoded as maps (field names as keys, the tag
+  under "type"), msgpack by msgspec. `encoding="array"` (`--kv-events-encoding array`) encodes
+  the events positionally instead, as vLLM releases before the map layout did;
+- the PUB socket sends multipart (topic, seq as 8-byte big-endian, payload);
+- the replay ROUTER answers (identity, b"", start seq as 8 bytes big-endian) with
+  (identity, b"", topic, seq, payload) for every buffered batch from that seq, then the end
+  marker (identity, b"", b"", -1 as 8 bytes, b"").
 
-`group_idx` is the engine's KV group (0 unless its layers differ, e.g. sliding windows). Our
-block hashes are the engine's own 64-bit chained prefix hashes (ints, as vLLM sends with
-VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1); `medium` is "GPU", vLLM's name for the primary KV pool
-(a router reads "CPU" as an offload tier), whatever device the engine runs on."""
+Block hashes are vLLM's (app/remote/block_hashes.py): each block announced is hashed with
+`--prefix-caching-hash-algo` (vLLM's names; sha256 by default, as vLLM's) from its parent's digest
+and its token ids, NONE_HASH seeded from PYTHONHASHSEED or, unset, as vLLM seeds it. A router
+that predicts vLLM's hashes from a prompt therefore predicts ours. The engine keeps its own
+internal keys (engine/kv/block_manager.py); this module maps one to the other. The events carry
+the low 64 bits as an int (vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, its default) or, with
+that variable set to 0, the digest bytes.
+
+`group_idx` is the engine's KV group (0 unless its layers differ, e.g. sliding windows); `medium`
+is "GPU", vLLM's name for the primary KV pool (a router reads "CPU" as an offload tier), whatever
+device the engine runs on."""
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from functools import cache
 from itertools import count
 from typing import Any
@@ -32,17 +41,18 @@ from typing import Any
 import msgspec
 import zmq
 
+from app.remote.block_hashes import DEFAULT_ALGO, BlockHasher, external_hash, none_hash_seed
 from engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
 MEDIUM_GPU = "GPU"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
-ENCODINGS = ("array", "map")
+ENCODINGS = ("map", "array")  # the first is vLLM 0.33's and our default
 
 
 @cache
-def event_structs(encoding: str = "array") -> dict[str, type]:
+def event_structs(encoding: str = "map") -> dict[str, type]:
     """vLLM's structs, field for field, in one layout (EventBatch is array-like in both)."""
     if encoding not in ENCODINGS:
         raise ValueError(f"KV event encoding must be one of {ENCODINGS}, got {encoding!r}")
@@ -70,11 +80,17 @@ def event_structs(encoding: str = "array") -> dict[str, type]:
         group_idx: int | None = None
         kv_cache_spec_kind: str | None = None
         kv_cache_spec_sliding_window: int | None = None
+        locality: str | None = None
+        ownership: str | None = None
+        session_id: str | None = None
+        lookahead_token_ids: list[list[int]] | None = None
 
     class BlockRemoved(KVCacheEvent):
         block_hashes: list[int | bytes]
         medium: str | None
         group_idx: int | None = None
+        locality: str | None = None
+        ownership: str | None = None
 
     class AllBlocksCleared(KVCacheEvent):
         pass
@@ -90,16 +106,42 @@ def event_structs(encoding: str = "array") -> dict[str, type]:
     }
 
 
+def vllm_hasher(algo: str = DEFAULT_ALGO, seed: str | None = None) -> BlockHasher:
+    """The hasher vLLM would use in this process: `seed` is PYTHONHASHSEED (None: read the
+    environment; unset, vLLM's fixed seed for sha256 / sha256_cbor and a random one for the
+    xxhash algorithms, as vLLM's init_none_hash does)."""
+    if seed is None:
+        seed = os.environ.get("PYTHONHASHSEED")
+    resolved = none_hash_seed(seed, algo)
+    if resolved is None:
+        resolved = os.urandom(32).hex()  # vLLM keeps non-cryptographic seeds secret too
+    return BlockHasher(algo, resolved, int_hashes=_int_hashes())
+
+
+def _int_hashes() -> bool:
+    """vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1)."""
+    return bool(int(os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") or "1"))
+
+
 class KVEventTranslator:
     """Listens to the engine's pool events (in the engine thread) and turns them into vLLM's:
     blocks that become hashed -> BlockStored (one per chained run), an evicted cached block ->
     BlockRemoved. `take()` hands over what one step produced."""
 
-    def __init__(self, engine: LLMEngine, encoding: str = "array") -> None:
+    def __init__(
+        self, engine: LLMEngine, encoding: str = "map", hasher: BlockHasher | None = None
+    ) -> None:
         self.engine = engine
         self.block_size = engine.config.block_size
         self.structs = event_structs(encoding)
-        self.hash_of: dict[int, tuple[int, int]] = {}  # block id -> (hash, group) announced
+        self.hasher = hasher or vllm_hasher()
+        self.hash_of: dict[int, tuple[int | bytes, int]] = {}  # block id -> (hash, group) sent
+        # Engine key -> vLLM digest of the same prefix. A child is hashed after its parent
+        # (same sequence, same step or later), so the parent's digest is here when needed; kept
+        # past the parent's eviction for a while, bounded, since a cached child can outlive it.
+        self._digest: OrderedDict[int, bytes] = OrderedDict()
+        self._digest_cap = 4 * engine.stats()["kv_blocks_total"] + 1024
+        self.unhashable = 0  # blocks whose parent's digest was gone: not announced
         # Whatever the pool already holds (the app's engine may have run): clear, then restate.
         self._pending: list[Any] = [self.structs["AllBlocksCleared"]()]
         held = engine.kv_snapshot().has_hash.nonzero()[0].tolist()
@@ -122,14 +164,40 @@ class KVEventTranslator:
                     )
                 )
 
+    def _vllm_digest(self, key: int, parent: int | None, tokens) -> bytes | None:
+        digest = self._digest.get(key)
+        if digest is not None:
+            self._digest.move_to_end(key)
+            return digest
+        parent_digest = None
+        if parent is not None:
+            parent_digest = self._digest.get(parent)
+            if parent_digest is None:
+                return None
+        digest = self.hasher.hash_block(parent_digest, tokens)
+        self._digest[key] = digest
+        if len(self._digest) > self._digest_cap:
+            self._digest.popitem(last=False)
+        return digest
+
     def _stored(self, blocks) -> None:
         BlockStored = self.structs["BlockStored"]
+        int_hashes = self.hasher.int_hashes
         run: BlockStored | None = None
         for block in blocks:
             key = self.engine.block_hash(block)
             if key is None:
                 continue
-            h, parent, tokens, group = key
+            own, own_parent, tokens, group = key
+            digest = self._vllm_digest(own, own_parent, tokens)
+            if digest is None:
+                self.unhashable += 1
+                log.warning("KV events: block %d's parent is unknown; not announced", block)
+                continue
+            h = external_hash(digest, int_hashes)
+            parent = None
+            if own_parent is not None:
+                parent = external_hash(self._digest[own_parent], int_hashes)
             self.hash_of[block] = (h, group)
             if run is not None and run.group_idx == group and run.block_hashes[-1] == parent:
                 run.block_hashes.append(h)
@@ -178,6 +246,9 @@ class ZmqEventPublisher:
             self._pub.bind(endpoint)
             if replay_endpoint:
                 self._replay = self._ctx.socket(zmq.ROUTER)
+                # A whole replay plus its end marker must fit the send queue, as in vLLM: ZMQ
+                # acknowledges reads only every HWM/2 messages.
+                self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
                 self._replay.bind(replay_endpoint)
         except zmq.ZMQError as e:
             self._close_sockets()
@@ -239,5 +310,7 @@ class ZmqEventPublisher:
         start_seq = int.from_bytes(start, "big")
         for seq, payload in list(self._buffer):
             if seq >= start_seq:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", END_SEQ, b""))
+                self._replay.send_multipart(
+                    (client, b"", self._topic, seq.to_bytes(8, "big"), payload)
+                )
+        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
