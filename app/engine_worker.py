@@ -439,7 +439,7 @@ class EngineWorker(QObject):
             self.request_failed.emit(request_id, f"stopped by an engine error: {e}")
         self.stop_load()
         if self._server is not None:
-            self._server.engine_loop.fail_all(e)
+            self._server.engine_loop.fail_all(e, engine_failed=True)
         self._dirty = True
 
     @Slot()

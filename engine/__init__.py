@@ -4,14 +4,21 @@ from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from engine.sampling_params import BeamSearchParams, SamplingParams
+from engine.sampling_params import (
+    GREEDY_TEMPERATURE,
+    BeamSearchParams,
+    ParamError,
+    SamplingParams,
+)
 
 __all__ = [
+    "GREEDY_TEMPERATURE",
     "LLM",
     "BeamSearchParams",
     "CompletionOutput",
     "EngineConfig",
     "LLMEngine",
+    "ParamError",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",

@@ -164,6 +164,7 @@ class LLMEngine:
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        params.check_vocab(self.model_config.vocab_size)
         text, ids = self.tokenize(prompt)
         if not ids:
             raise ValueError("prompt is empty after tokenization")
@@ -187,7 +188,9 @@ class LLMEngine:
                     request=request,
                     index=index,
                     token_ids=list(ids),
-                    detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
+                    detokenizer=IncrementalDetokenizer(
+                        self.tokenizer, ids, params.skip_special_tokens
+                    ),
                     generator=self._sample_generator(params.seed, index),
                     logprobs=[] if params.logprobs is not None else None,
                 )
@@ -236,7 +239,7 @@ class LLMEngine:
         stepped = [seq for seq, _ in batch.items]
         if seqs:
             seqs, logits = self._fork_pending_samples(seqs, logits)
-            rows = [SamplingRow(s.request.params, s.token_ids, s.generator) for s in seqs]
+            rows = [self._sampling_row(s) for s in seqs]
             results = self._sample(logits, rows)
             now = time.time()
             for seq, result in zip(seqs, results, strict=True):
@@ -320,6 +323,14 @@ class LLMEngine:
                 except Exception as e:  # this row's own failure: reported on its output
                     results.append(e)
             return results
+
+    def _sampling_row(self, seq: Sequence) -> SamplingRow:
+        params = seq.request.params
+        banned: set[int] = set()
+        if seq.num_output_tokens < params.min_tokens:
+            # vLLM masks EOS (ignore_eos or not) and stop_token_ids until min_tokens.
+            banned = self.eos_token_ids | set(params.stop_token_ids)
+        return SamplingRow(params, seq.token_ids, seq.generator, seq.num_prompt_tokens, banned)
 
     def _fail(self, seq: Sequence, error: Exception) -> None:
         """Finish a sequence whose step failed: its blocks are freed, its output says why."""

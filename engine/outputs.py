@@ -28,6 +28,7 @@ class CompletionOutput:
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     cumulative_logprob: float | None = None
     error: str | None = None  # why it was aborted when the engine failed it (finish "abort")
+    num_preemptions: int = 0  # times the scheduler took this sample's blocks back (recompute)
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -203,5 +203,6 @@ class Scheduler:
         self.allocator.free(seq.seq_id)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
+        seq.num_preemptions += 1
         self.waiting.appendleft(seq)
         self.events.emit(SequencePreempted, seq_id=seq.seq_id)

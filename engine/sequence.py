@@ -43,9 +43,11 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None  # set when the engine failed this sequence (finish "abort")
+    num_preemptions: int = 0
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
-    # Where the output text ends when a stop string cut it (the stop string is excluded).
+    # Where the output text ends when a stop string cut it (before the stop string, or after
+    # it with include_stop_str_in_output).
     text_end: int | None = None
 
     @property
@@ -88,16 +90,24 @@ class Sequence:
             self.logprobs.append(result.top_logprobs)
         if self.request.metrics.first_token_time is None:
             self.request.metrics.first_token_time = now
-        delta = self.detokenizer.step([token])
         reason = None
-        if token in params.stop_token_ids:
-            reason, self.stop_reason = "stop", token
-        elif token in eos_token_ids and not params.ignore_eos:
+        if token in eos_token_ids and not params.ignore_eos:
             reason = "stop"
-        elif delta and params.stop:
+        elif token in params.stop_token_ids:
+            reason, self.stop_reason = "stop", token
+        # As vLLM: the token that stopped it is left out of the text unless asked for.
+        if reason is None or params.include_stop_str_in_output:
+            delta = self.detokenizer.step([token])
+        else:
+            delta = ""
+        # Stop strings count only once min_tokens are out (vLLM's rule).
+        if delta and params.stop and reason is None and self.num_output_tokens > params.min_tokens:
             hit = self.request.stop_checker.find(self.detokenizer.output_text, len(delta))
             if hit is not None:
-                reason, self.stop_reason, self.text_end = "stop", hit.stop, hit.index
+                reason, self.stop_reason = "stop", hit.stop
+                # Cut before the stop string, or after it when it is to be kept.
+                keep = len(hit.stop) if params.include_stop_str_in_output else 0
+                self.text_end = hit.index + keep
         if reason is None and (
             self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_seq_len
         ):
@@ -116,6 +126,7 @@ class Sequence:
             stop_reason=self.stop_reason,
             cumulative_logprob=self.cumulative_logprob,
             error=self.error,
+            num_preemptions=self.num_preemptions,
         )
 
 

@@ -37,18 +37,18 @@ vllm:time_per_output_token_seconds_count{engine="0",model_name="Qwen/Qwen2.5-7B"
 
 
 def test_our_servers_metrics_under_vllm_names():
-    m = ServerMetrics("tiny-model")
+    m = ServerMetrics("tiny-model", max_model_len=256)
     m.kv_usage.set(0.5)
     m.running.set(2)
     m.waiting.set(1)
     m.preemptions.inc(3)
     m.prefix_queries.inc(64)
     m.prefix_hits.inc(16)
-    m.generation_tokens.inc(40)
-    m.prompt_tokens.inc(64)
+    m.requests.generation_tokens.inc(40)
+    m.requests.prompt_tokens.inc(64)
     for t in (0.02, 0.2):
-        m.ttft.observe(t)
-    m.itl.observe(0.05)
+        m.requests.ttft.observe(t)
+    m.requests.itl.observe(0.05)
     m.pool["kv_blocks_total"].set(128)
     got = parse_metrics(m.render().decode(), now=10.0)
     assert got.model == "tiny-model" and got.scraped_at == 10.0
@@ -78,17 +78,17 @@ def test_older_vllm_names_and_two_engines():
 
 
 def test_rates_between_scrapes_and_a_counter_reset():
-    m = ServerMetrics("m")
+    m = ServerMetrics("m", max_model_len=256)
     m.prefix_queries.inc(100)
     m.prefix_hits.inc(10)
-    m.generation_tokens.inc(50)
-    m.ttft.observe(1.0)
+    m.requests.generation_tokens.inc(50)
+    m.requests.ttft.observe(1.0)
     first = parse_metrics(m.render().decode(), now=100.0)
     m.prefix_queries.inc(100)
     m.prefix_hits.inc(90)
-    m.generation_tokens.inc(20)
-    m.ttft.observe(0.2)
-    m.ttft.observe(0.4)
+    m.requests.generation_tokens.inc(20)
+    m.requests.ttft.observe(0.2)
+    m.requests.ttft.observe(0.4)
     second = parse_metrics(m.render().decode(), now=102.0)
     d = MetricsDelta(first, second)
     assert d.interval_s == 2.0
@@ -98,8 +98,8 @@ def test_rates_between_scrapes_and_a_counter_reset():
     assert d.itl_mean is None  # no new observations
     assert d.preemptions == 0 and not d.reset
     # The server restarted: its counters start again.
-    fresh = ServerMetrics("m")
-    fresh.generation_tokens.inc(6)
+    fresh = ServerMetrics("m", max_model_len=256)
+    fresh.requests.generation_tokens.inc(6)
     third = parse_metrics(fresh.render().decode(), now=104.0)
     d = MetricsDelta(second, third)
     assert d.generation_tokens_per_s == pytest.approx(3.0) and d.reset
@@ -139,7 +139,8 @@ def test_the_poller_sends_the_api_key(default_model):
         up = wait_until(lambda: (s := with_key.snapshot()).http_state == "up" and s, what="up")
         assert up.models == (srv.model_name,) and up.model == srv.model_name
         assert up.metrics.block_size == llm.engine.config.block_size
-        assert up.metrics.hash_algo == "xxh3_64_salted"
+        # The server's default --prefix-caching-hash-algo, published as vLLM names it.
+        assert up.metrics.hash_algo == "sha256"
         down = wait_until(lambda: (s := without.snapshot()).http_state == "down" and s, what="401")
         assert down.http_error == f"HTTP 401 from {srv.base_url}/metrics"
     finally:

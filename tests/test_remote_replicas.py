@@ -21,7 +21,7 @@ from remote_fakes import wait_until
 from app.remote.connection import parse_connection
 from app.remote.monitor import ReplicaMonitor
 from app.remote.openai_http import OpenAIHttp
-from app.remote.routing import TOKEN_METHOD, predict_hits
+from app.remote.routing import predict_hits
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_SIZE = 16
@@ -141,8 +141,8 @@ def test_two_replicas_attribution_routing_and_restart(replicas):
         )
         assert monitors["b"].snapshot().cache.num_blocks == 0
         assert snap_a.block_size == BLOCK_SIZE
-        # Our server's hashes are salted, so the view matches token ids, and says so.
-        assert snap_a.hasher is None and "token ids" in snap_a.hash_note
+        # Our server publishes vLLM's sha256 hashes with vLLM's fixed seed: reproducible.
+        assert snap_a.hasher is not None and "sha256" in snap_a.hash_note
 
         # The routing question for a new prompt with the same system prompt.
         question = "Which component replays a recorded session?"
@@ -162,7 +162,7 @@ def test_two_replicas_attribution_routing_and_restart(replicas):
             {n: s.block_size for n, s in snaps.items()},
         )
         assert [h.replica for h in hits] == ["a", "b"]
-        assert hits[0].blocks_held == expected and hits[0].method == TOKEN_METHOD
+        assert hits[0].blocks_held == expected and hits[0].method == "hash (sha256)"
         assert hits[1].blocks_held == 0
         # The prediction is what replica "a" then really serves from its prefix cache.
         cached = [d.cached_tokens for d in _chat(clients["a"], model, question)]

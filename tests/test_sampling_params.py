@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from engine.sampling_params import BeamSearchParams, SamplingParams
+from engine.sampling_params import BeamSearchParams, ParamError, SamplingParams
 
 
 def test_defaults_match_the_design_contract():
@@ -21,6 +21,13 @@ def test_defaults_match_the_design_contract():
         "ignore_eos": False,
         "n": 1,
         "logprobs": None,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "min_tokens": 0,
+        "logit_bias": None,
+        "allowed_token_ids": None,
+        "include_stop_str_in_output": False,
+        "skip_special_tokens": True,
     }
     assert not p.greedy
 
@@ -71,12 +78,50 @@ def test_greedy_means_temperature_near_zero(temperature, greedy):
         ("n", 0),
         ("logprobs", -1),
         ("logprobs", 21),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -2.01),
+        ("frequency_penalty", math.nan),
+        ("min_tokens", -1),
+        ("min_tokens", 257),  # above max_tokens (256)
+        ("min_tokens", True),
+        ("logit_bias", [1, 2]),
+        ("allowed_token_ids", [3, -1]),
+        ("include_stop_str_in_output", "yes"),
+        ("skip_special_tokens", None),
     ],
 )
 def test_bad_values_name_the_field_and_value(field, value):
-    with pytest.raises(ValueError, match=field) as info:
+    with pytest.raises(ParamError, match=field) as info:
         SamplingParams(**{field: value})
     assert repr(value) in str(info.value)
+    assert info.value.param == field  # what the server's 400 names
+
+
+@pytest.mark.parametrize(
+    ("bias", "message"),
+    [({-1: 1.0}, "keys must be token ids"), ({True: 1.0}, "keys"), ({5: math.inf}, "token 5")],
+)
+def test_logit_bias_names_the_bad_entry(bias, message):
+    with pytest.raises(ParamError, match=message):
+        SamplingParams(logit_bias=bias)
+
+
+def test_allowed_token_ids_may_not_be_empty():
+    with pytest.raises(ParamError, match="allowed_token_ids must not be empty"):
+        SamplingParams(allowed_token_ids=[])
+
+
+def test_token_ids_outside_the_vocabulary_are_refused():
+    ok = SamplingParams(stop_token_ids=[9], logit_bias={9: 1.0}, allowed_token_ids=[0, 9])
+    ok.check_vocab(10)
+    for field, value in [
+        ("stop_token_ids", [10]),
+        ("logit_bias", {3: 1.0, 10: -1.0}),
+        ("allowed_token_ids", [1, 12]),
+    ]:
+        with pytest.raises(ParamError, match=field) as info:
+            SamplingParams(**{field: value}).check_vocab(10)
+        assert info.value.param == field
 
 
 def test_error_message_states_the_allowed_range():

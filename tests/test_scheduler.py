@@ -60,6 +60,8 @@ def test_newest_sequence_is_preempted_and_requeued_first():
     assert sched.waiting[0] is new and new.num_computed_tokens == 0
     preempted = [e.seq_id for e in events.recent() if isinstance(e, SequencePreempted)]
     assert preempted == [new.seq_id]
+    # Each sample counts its own; its output carries it to vllm:request_num_preemptions.
+    assert (new.num_preemptions, old.num_preemptions) == (1, 0)
     assert bm.table(new.seq_id) == []
     bm.check_invariants()
 

@@ -387,7 +387,8 @@ def test_cache_config_info_names_block_size_and_hash(server):
     (sample,) = families["vllm:cache_config_info"].samples
     assert sample.value == 1
     assert sample.labels["block_size"] == str(server.engine_loop.engine.config.block_size)
-    assert sample.labels["prefix_caching_hash_algo"] == "xxh3_64_salted"
+    # The server's default, vLLM's name for how our KV events hash blocks.
+    assert sample.labels["prefix_caching_hash_algo"] == "sha256"
     assert sample.labels["enable_prefix_caching"] == "True"
 
 
@@ -396,7 +397,7 @@ def test_serve_flags_default_to_this_machine_only():
 
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.api_key, args.kv_events) == ("127.0.0.1", 8000, None, None)
-    assert args.kv_events_encoding == "array"
+    assert args.kv_events_encoding == "map"  # vLLM 0.33's layout
     bench = build_parser().parse_args(
         ["bench", "--serve", "--clients", "4", "--max-model-len", "512"]
     )

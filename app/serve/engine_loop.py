@@ -161,12 +161,22 @@ class EngineDriver:
             except Exception:  # metrics or events must never stop generation
                 log.exception("serve step hook failed")
 
-    def fail_all(self, error: Exception) -> None:
-        """Abort every served request in flight and tell its client why."""
+    def fail_all(self, error: Exception, engine_failed: bool = False) -> None:
+        """Abort every served request in flight and tell its client why; the hooks see their
+        final outputs. `engine_failed`: a step raised, so the samples it cut short carry the
+        error (metrics count them as vLLM's finish reason "error", not as client aborts)."""
+        finished: list[RequestOutput] = []
         for request_id, stream in list(self._streams.items()):
-            self.engine.abort_request(request_id)
+            output = self.engine.abort_request(request_id)
+            if output is not None:
+                if engine_failed:
+                    for sample in output.outputs:
+                        if sample.finish_reason == "abort" and sample.error is None:
+                            sample.error = f"{type(error).__name__}: {error}"
+                finished.append(output)
             stream.put(error)
         self._streams.clear()
+        self._run_hooks(finished)
 
 
 class EngineLoop(EngineDriver):
@@ -197,7 +207,7 @@ class EngineLoop(EngineDriver):
                 outputs = self.engine.step()
             except Exception as e:  # an engine bug: fail what is in flight, keep serving
                 log.exception("engine step failed")
-                self.fail_all(e)
+                self.fail_all(e, engine_failed=True)
                 continue
             self.deliver(outputs)
         self.fail_all(RuntimeError("the server is shutting down"))

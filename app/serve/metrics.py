@@ -1,11 +1,25 @@
 """Prometheus metrics under vLLM's names, so dashboards built for vLLM work unchanged, plus our
-own `kvscope_*` block-pool gauges. Names, types, label names and histogram buckets follow
-vllm/v1/metrics/loggers.py (PrometheusStatLogger; vllm-project/vllm @ 005a810b, with
-`vllm:inter_token_latency_seconds` as later versions name the per-token gap). Counters appear
-with prometheus_client's `_total` suffix, exactly as vLLM's do.
+own `kvscope_*` block-pool gauges.
 
-Differences, stated: `vllm:num_requests_running` / `_waiting` count sequences (a request with
-n samples counts n), because that is what the scheduler batches.
+Checked against vLLM 0.33.0 by tests/test_vllm_metrics.py, which builds vLLM's own
+PrometheusStatLogger from its wheel (tests/vllm_code.py) and compares with a live `kvscope serve`:
+every family vLLM registers by default is here with its name, type, label names, label values
+and histogram buckets (the request-token buckets from our max_model_len, as vLLM derives them),
+and `vllm:cache_config_info` has its label set. Counters appear with prometheus_client's `_total`
+suffix, exactly as vLLM's do.
+
+This module has the families read from the engine's stats after each step (scheduler queues, KV
+usage, prefix-cache and preemption counters) and the info gauge (cache_info.py); the ones that
+follow requests are in request_metrics.py. Families for what we do not have are published at
+zero, as a vLLM server without the feature publishes them: external (KV connector) and
+multimodal caches, the host/disk/p2p cache tiers, admission rejections (we queue every request
+the pool can hold), `deferred` waiting (nothing defers a request here), and sleep (the engine is
+always awake).
+
+Differences, stated: `vllm:num_requests_running` / `_waiting` count sequences, as vLLM counts
+its n child requests, except that a request waits as one until its prompt is computed and its
+other samples fork from it; the rest in request_metrics.py (n samples, "repetition") and
+cache_info.py (cache_dtype, capacity of sliding-window models).
 
 Everything is updated in the engine thread after a step (or an abort); the registry is this
 server's own, so two servers in one process never collide."""
@@ -14,40 +28,31 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from app.serve.cache_info import CACHE_CONFIG_LABELS, cache_config_info
+from app.serve.request_metrics import LABELS, RequestFamilies
 from engine import LLMEngine, RequestOutput
 
-LABELS = ["model_name", "engine"]
-TTFT_BUCKETS = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-]  # fmt: skip
-ITL_BUCKETS = [
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0,
-]  # fmt: skip
-REQUEST_LATENCY_BUCKETS = [
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
-]  # fmt: skip
-FINISH_REASONS = ("stop", "length", "abort")
-HASH_ALGO = "xxh3_64_salted"  # engine/kv/block_manager.py hash_block
+WAITING_REASONS = ("capacity", "deferred")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+DEFAULT_HASH_ALGO = "sha256"  # vLLM's default --prefix-caching-hash-algo
 POOL_REFRESH_S = 0.1  # the pool snapshot behind kvscope_* gauges, at most this often mid-run
 
 
-class _Tracked:
-    __slots__ = ("arrival", "last_token", "tokens")
-
-    def __init__(self, arrival: float) -> None:
-        self.arrival = arrival
-        self.last_token: float | None = None
-        self.tokens = 0
-
-
 class ServerMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        prefix_caching_hash_algo: str = DEFAULT_HASH_ALGO,
+    ) -> None:
+        """`prefix_caching_hash_algo`: how the block hashes of our KV events are computed, by
+        vLLM's name; cache_config_info publishes it, and remote viewers hash by it."""
         self.registry = CollectorRegistry()
+        self.hash_algo = prefix_caching_hash_algo
         values = (model_name, "0")
         reg = self.registry
 
@@ -57,8 +62,9 @@ class ServerMetrics:
         def counter(name, doc):
             return Counter(name, doc, LABELS, registry=reg).labels(*values)
 
-        def histogram(name, doc, buckets):
-            return Histogram(name, doc, LABELS, buckets=buckets, registry=reg).labels(*values)
+        def labelled(kind, name, doc, label, label_values):
+            family = kind(name, doc, [*LABELS, label], registry=reg)
+            return {v: family.labels(*values, v) for v in label_values}
 
         self.running = gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches."
@@ -66,6 +72,25 @@ class ServerMetrics:
         self.waiting = gauge(
             "vllm:num_requests_waiting", "Number of requests waiting to be processed."
         )
+        self.waiting_by_reason = labelled(
+            Gauge,
+            "vllm:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+            "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
+            "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+            "reason",
+            WAITING_REASONS,
+        )
+        sleep = labelled(
+            Gauge,
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
+            "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep "
+            "level 2.",
+            "sleep_state",
+            SLEEP_STATES,
+        )
+        sleep["awake"].set(1)
         self.kv_usage = gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
         )
@@ -76,35 +101,43 @@ class ServerMetrics:
         self.prefix_hits = counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         )
+        counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, in "
+            "terms of number of queried tokens.",
+        )
+        counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in "
+            "terms of number of cached tokens.",
+        )
+        counter(
+            "vllm:mm_cache_queries",
+            "Multi-modal cache queries, in terms of number of queried items.",
+        )
+        counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")
         self.preemptions = counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine."
         )
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter(
-            "vllm:generation_tokens", "Number of generation tokens processed."
+        self.cached_by_source = labelled(
+            Counter,
+            "vllm:prompt_tokens_cached_by_source",
+            "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), "
+            "host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+            "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+            "vllm:external_prefix_cache_hits.",
+            "source",
+            CACHE_HIT_SOURCES,
         )
-        success = Counter(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            LABELS + ["finished_reason"],
+        admission = Counter(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            ["model_name", "reason"],  # vLLM's: no engine label (the frontend counts them)
             registry=reg,
         )
-        self.success = {r: success.labels(*values, r) for r in FINISH_REASONS}
-        self.ttft = histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            TTFT_BUCKETS,
-        )
-        self.itl = histogram(
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            ITL_BUCKETS,
-        )
-        self.e2e = histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            REQUEST_LATENCY_BUCKETS,
-        )
+        for reason in ADMISSION_REASONS:
+            admission.labels(model_name, reason)
+        self.requests = RequestFamilies(reg, model_name, max_model_len)
         # Ours: the block pool as the app's map shows it, and the naive allocator beside it.
         self.pool = {
             name: Gauge(f"kvscope_{name}", doc, ["model_name"], registry=reg).labels(model_name)
@@ -120,28 +153,19 @@ class ServerMetrics:
                 ("naive_requests_would_wait", "Sequences the naive allocator could not place."),
             )
         }
-        self._tracked: dict[str, _Tracked] = {}
         self._seen = {"query": 0, "hit": 0, "preempt": 0}
+        self._steps_seen = 0
         self._last_pool = 0.0
 
     def describe_cache(self, engine: LLMEngine) -> None:
-        """`vllm:cache_config_info`, vLLM's info gauge of its CacheConfig (value 1, the facts as
-        labels): a remote viewer reads the block size and the hash algorithm from it. Our hash
-        is xxh3-64 salted with the model file's path and KV dtype, which we do not publish, so
-        the name says it cannot be reproduced elsewhere (viewers match token ids instead)."""
-        c = engine.config
-        info = {
-            "block_size": str(c.block_size),
-            "cache_dtype": str(c.kv_torch_dtype).removeprefix("torch."),
-            "enable_prefix_caching": str(bool(c.enable_prefix_caching)),
-            "num_gpu_blocks": str(engine.block_manager.num_blocks),
-            "prefix_caching_hash_algo": HASH_ALGO,
-            "engine": "0",
-        }
+        """`vllm:cache_config_info` (value 1, the engine's cache settings as labels): a remote
+        viewer reads the block size and the hash algorithm from it."""
+        info = cache_config_info(engine, self.hash_algo)
+        self._steps_seen = engine.num_steps  # an engine the app ran before serving
         Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
-            list(info),
+            CACHE_CONFIG_LABELS,
             registry=self.registry,
         ).labels(**info).set(1)
 
@@ -150,50 +174,31 @@ class ServerMetrics:
 
     # ---- the engine thread ---------------------------------------------------------------
     def track(self, request_id: str, arrival: float) -> None:
-        self._tracked[request_id] = _Tracked(arrival)
+        self.requests.track(request_id, arrival)
 
     def observe(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
-        """After a step or an abort: per-request latencies, token counters, pool gauges."""
+        """After a step or an abort: the requests' families, then the engine's counters."""
         now = time.time()
-        for out in outputs:
-            self._observe_request(out, now)
+        stepped = engine.num_steps != self._steps_seen  # not when only aborts ran
+        self._steps_seen = engine.num_steps
+        self.requests.observe(engine, outputs, now, stepped)
         self._refresh_pool(engine, now)
-
-    def _observe_request(self, out: RequestOutput, now: float) -> None:
-        tracked = self._tracked.get(out.request_id)
-        if tracked is None:
-            return
-        tokens = sum(len(c.token_ids) for c in out.outputs)
-        new = tokens - tracked.tokens
-        if new > 0:
-            self.generation_tokens.inc(new)
-            if tracked.last_token is None:
-                self.ttft.observe(now - tracked.arrival)
-                self.prompt_tokens.inc(len(out.prompt_token_ids))
-            else:
-                self.itl.observe(now - tracked.last_token)
-            tracked.last_token = now
-            tracked.tokens = tokens
-        if out.finished:
-            del self._tracked[out.request_id]
-            self.e2e.observe(now - tracked.arrival)
-            reasons = [c.finish_reason for c in out.outputs]
-            reason = (
-                "abort" if "abort" in reasons else ("length" if "length" in reasons else "stop")
-            )
-            self.success[reason].inc()
 
     def _refresh_pool(self, engine: LLMEngine, now: float) -> None:
         stats = engine.stats()
         self.running.set(stats["num_running"])
         self.waiting.set(stats["num_waiting"])
+        self.waiting_by_reason["capacity"].set(stats["num_waiting"])
         self.kv_usage.set(stats["kv_blocks_used"] / max(1, stats["kv_blocks_total"]))
         for key, stat, metric in (
             ("query", "prefix_cache_query_tokens", self.prefix_queries),
             ("hit", "prefix_cache_hit_tokens", self.prefix_hits),
             ("preempt", "num_preemptions", self.preemptions),
         ):
-            metric.inc(max(0, stats[stat] - self._seen[key]))
+            delta = max(0, stats[stat] - self._seen[key])
+            metric.inc(delta)
+            if key == "hit":  # vLLM counts every local prefix hit as the device tier's
+                self.cached_by_source["device"].inc(delta)
             self._seen[key] = stats[stat]
         pool = self.pool
         pool["kv_blocks_total"].set(stats["kv_blocks_total"])

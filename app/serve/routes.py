@@ -17,6 +17,8 @@ from app.request_ids import api_request_id
 from app.serve.engine_loop import Accepted, RequestStream
 from app.serve.errors import APIError
 from app.serve.protocol import (
+    REFUSED_CHAT,
+    REFUSED_COMPLETION,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -24,6 +26,7 @@ from app.serve.protocol import (
     TokenizeRequest,
 )
 from app.serve.responses import ResponseBuilder, sse
+from app.serve.sampling import refuse_unsupported, sampling_params, truncated_prompt
 from app.serve.state import ServerState
 from engine import RequestOutput, SamplingParams
 
@@ -45,37 +48,13 @@ def build_router(state: ServerState) -> APIRouter:
         if name not in state.model_names:
             raise APIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
 
-    def sampling(body: SamplingFields, max_tokens: int | None, logprobs: int | None):
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(body, name):
-                raise APIError(400, f"{name} is not supported (got {getattr(body, name)})", name)
-        limit = state.max_model_len
-        if max_tokens is not None and max_tokens > limit:
-            raise APIError(
-                400,
-                f"max_tokens {max_tokens} exceeds the context length: must be <= {limit}",
-                "max_tokens",
-            )
-        try:
-            return SamplingParams(
-                max_tokens=max_tokens or limit,
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p,
-                n=body.n,
-                stop=body.stop,
-                seed=body.seed,
-                logprobs=logprobs,
-            )
-        except ValueError as e:
-            raise APIError(400, str(e)) from None
-
     async def admit(rid, prompt, params: SamplingParams, arrival: float, param: str):
         stream = RequestStream(rid, asyncio.get_running_loop())
         state.engine_loop.call(lambda _: state.metrics.track(rid, arrival))
         state.engine_loop.submit(rid, prompt, params, stream)
         first = await stream.get()
-        if isinstance(first, Exception):
-            raise APIError(400, str(first), param)
+        if isinstance(first, Exception):  # a sampling parameter's error names it (ParamError)
+            raise APIError(400, str(first), getattr(first, "param", param))
         assert isinstance(first, Accepted)
         return stream
 
@@ -141,6 +120,7 @@ def build_router(state: ServerState) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body.model)
+        refuse_unsupported(body, REFUSED_CHAT)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
             prompt = state.engine.apply_chat_template(messages)
@@ -150,14 +130,16 @@ def build_router(state: ServerState) -> APIRouter:
         logprobs = top_k if body.logprobs else None
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        params = sampling(body, body.max_completion_tokens or body.max_tokens, logprobs)
+        params = sampling_params(
+            state, body, body.max_completion_tokens or body.max_tokens, logprobs
+        )
+        prompt = await truncated_prompt(state, body, prompt, "messages")
         return await respond(request, "chat", body, prompt, params, top_k)
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
-        if body.echo:
-            raise APIError(400, "echo is not supported", "echo")
+        refuse_unsupported(body, REFUSED_COMPLETION)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             if len(prompt) != 1:
@@ -165,12 +147,14 @@ def build_router(state: ServerState) -> APIRouter:
             prompt = prompt[0]
         if not prompt:
             raise APIError(400, "prompt is empty", "prompt")
-        params = sampling(body, body.max_tokens, body.logprobs)
+        params = sampling_params(state, body, body.max_tokens, body.logprobs)
+        prompt = await truncated_prompt(state, body, prompt, "prompt")
         return await respond(request, "completion", body, prompt, params, body.logprobs or 0)
 
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
-        """The token ids the engine would see, as vLLM answers: {count, max_model_len, tokens}."""
+        """The token ids the engine would see, as vLLM answers: {count, max_model_len, tokens,
+        token_strs}."""
         if body.model is not None:
             check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
@@ -189,7 +173,15 @@ def build_router(state: ServerState) -> APIRouter:
             _text, ids = state.engine.tokenize(text)
         except ValueError as e:
             raise APIError(400, str(e), "prompt") from None
-        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+        # vLLM's TokenizeResponse: token_strs is null unless asked for, then the tokenizer's
+        # own pieces (convert_ids_to_tokens), not decoded text.
+        strs = state.engine.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return {
+            "count": len(ids),
+            "max_model_len": state.max_model_len,
+            "tokens": ids,
+            "token_strs": strs,
+        }
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):

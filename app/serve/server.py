@@ -17,10 +17,11 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
+from app.remote.block_hashes import DEFAULT_ALGO
 from app.serve.engine_loop import EngineDriver, EngineLoop
 from app.serve.errors import install_error_handlers
 from app.serve.guards import ApiKeyGuard, BodySizeGuard
-from app.serve.kv_events import KVEventTranslator, ZmqEventPublisher
+from app.serve.kv_events import KVEventTranslator, ZmqEventPublisher, vllm_hasher
 from app.serve.metrics import ServerMetrics
 from app.serve.responses import TokenText
 from app.serve.routes import build_router
@@ -53,14 +54,17 @@ class Server:
         kv_events: str | None = None,
         kv_events_replay: str | None = None,
         kv_events_topic: str = "",
-        kv_events_encoding: str = "array",
+        kv_events_encoding: str = "map",
+        prefix_caching_hash_algo: str = DEFAULT_ALGO,
         driver: EngineDriver | None = None,
     ) -> None:
         """`driver`: who steps the engine (the app's worker); None: a thread of our own."""
         engine = llm.engine
         self.host, self.port = host, port
         self.model_name = model_name or served_model_name(engine)
-        self.metrics = ServerMetrics(self.model_name)
+        self.metrics = ServerMetrics(
+            self.model_name, engine.max_model_len, prefix_caching_hash_algo
+        )
         self.metrics.describe_cache(engine)
         self._owns_loop = driver is None
         self.engine_loop = driver if driver is not None else EngineLoop(engine)
@@ -69,7 +73,9 @@ class Server:
         self.translator: KVEventTranslator | None = None
         if kv_events:
             self.publisher = ZmqEventPublisher(kv_events, kv_events_replay, kv_events_topic)
-            self.translator = KVEventTranslator(engine, kv_events_encoding)
+            self.translator = KVEventTranslator(
+                engine, kv_events_encoding, vllm_hasher(prefix_caching_hash_algo)
+            )
             self.engine_loop.step_hooks.append(self._publish_kv_events)
             self._publish_kv_events([])  # the pool as it stands, before any traffic
         self.state = ServerState(
@@ -182,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
             kv_events_replay=args.kv_events_replay,
             kv_events_topic=args.kv_events_topic,
             kv_events_encoding=args.kv_events_encoding,
+            prefix_caching_hash_algo=args.prefix_caching_hash_algo,
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

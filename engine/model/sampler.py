@@ -1,4 +1,6 @@
-"""Batched next-token sampling: repetition penalty, greedy, temperature, top-k / top-p / min-p.
+"""Batched next-token sampling: vLLM's logits processors (allowed_token_ids, min_tokens,
+logit_bias), penalties (repetition, frequency, presence), greedy, temperature, top-k / top-p /
+min-p, in vLLM's order.
 
 Everything is vectorized across rows; the only per-row Python work is what the data forces:
 turning each row's token ids into a tensor for the penalty, and drawing noise from each seeded
@@ -8,7 +10,7 @@ request's own generator.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +29,10 @@ class SamplingRow:
     params: SamplingParams
     token_ids: Sequence[int]  # prompt + generated so far: the penalty sees both (HF semantics)
     generator: torch.Generator | None  # the request's own stream when it set a seed
+    # token_ids[num_prompt_tokens:] were generated: frequency and presence penalties see those.
+    num_prompt_tokens: int = 0
+    # Token ids that may not be sampled now: EOS and stop_token_ids before min_tokens is reached.
+    banned: Collection[int] = ()
 
 
 @dataclass
@@ -46,7 +52,10 @@ class Sampler:
         if not rows:
             return []
         logits = logits.float()
-        scores = _apply_repetition_penalty(logits, rows)
+        # vLLM's order: masks and biases, then penalties; logits itself stays raw for logprobs.
+        scores = _apply_masks_and_bias(logits, rows)
+        scores = _apply_repetition_penalty(scores, rows)
+        scores = _apply_output_penalties(scores, logits, rows)
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if len(random_rows) == len(rows):
             tokens = self._sample(scores, rows)
@@ -86,6 +95,66 @@ class Sampler:
         # -log(U) is Exp(1) and ~3x faster than Tensor.exponential_ on CPU. U == 0 gives inf,
         # which only makes that token lose the race (never NaN: probabilities are finite).
         return noise.log_().neg_()
+
+
+def _apply_masks_and_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """vLLM's allowed_token_ids mask, then min_tokens' mask of the stop tokens, then logit_bias
+    (added, as vLLM's LogitBiasLogitsProcessor does). A new tensor when any row asks."""
+    todo = [
+        i
+        for i, r in enumerate(rows)
+        if r.banned or r.params.logit_bias or r.params.allowed_token_ids is not None
+    ]
+    if not todo:
+        return logits
+    scores = logits.clone()
+    vocab = scores.shape[1]
+
+    def ids_of(values) -> torch.Tensor:
+        # Like the repetition penalty, ignore ids the logits have no column for.
+        inside = [t for t in values if t < vocab]
+        return torch.tensor(inside, dtype=torch.long, device=scores.device)
+
+    for i in todo:
+        params = rows[i].params
+        if params.allowed_token_ids is not None:
+            allowed = ids_of(params.allowed_token_ids)
+            kept = scores[i, allowed]
+            scores[i].fill_(-math.inf)
+            scores[i, allowed] = kept
+        if rows[i].banned:
+            scores[i, ids_of(rows[i].banned)] = -math.inf
+        if params.logit_bias:
+            inside = {t: b for t, b in params.logit_bias.items() if t < vocab}
+            bias = torch.tensor(list(inside.values()), device=scores.device)
+            scores[i, ids_of(inside)] += bias  # dict keys are distinct: no id is added twice
+    return scores
+
+
+def _apply_output_penalties(
+    scores: torch.Tensor, logits: torch.Tensor, rows: list[SamplingRow]
+) -> torch.Tensor:
+    """OpenAI's (and vLLM's) frequency and presence penalties over the generated tokens only:
+    logit -= frequency_penalty * count + presence_penalty * (count > 0)."""
+    todo = [
+        i
+        for i, r in enumerate(rows)
+        if (r.params.frequency_penalty or r.params.presence_penalty)
+        and len(r.token_ids) > r.num_prompt_tokens
+    ]
+    if not todo:
+        return scores
+    if scores is logits:  # never write into the raw logits: logprobs are computed from them
+        scores = logits.clone()
+    vocab = scores.shape[1]
+    for i in todo:
+        row = rows[i]
+        out = torch.as_tensor(row.token_ids[row.num_prompt_tokens :], dtype=torch.long)
+        ids, count = out[out < vocab].unique(return_counts=True)
+        penalty = row.params.frequency_penalty * count + row.params.presence_penalty
+        ids = ids.to(scores.device)
+        scores[i, ids] -= penalty.to(scores.device, scores.dtype)
+    return scores
 
 
 def _apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
