@@ -16,7 +16,7 @@ TOOL_APT_PKGS := nsis xvfb xdotool
 TORCH_SPEC := $(shell nvidia-smi >/dev/null 2>&1 && echo "torch" || echo "torch==2.13.0")
 
 .PHONY: setup run test test-aot test-fast lint bench clean qt-libs apt-tools package package-test \
-	vllm-wheel
+	vllm-wheel bench-vllm-client
 
 setup: $(STAMP)
 
@@ -80,6 +80,36 @@ $(VLLM_WHEEL_STAMP): | $(STAMP)
 	$(PIP) download -q --no-deps -d .cache/vllm "vllm==$(VLLM_VERSION)"
 	$(PY) tests/vllm_code.py
 	@touch $@
+
+# vLLM's own benchmark client (`vllm bench serve`, vllm.benchmarks.serve from the wheel, unmodified)
+# against `kvscope serve` on the bundled model, from a venv of its own (vLLM wants torch 2.14; the
+# client needs only its Python). VLLM_BENCH_ARGS picks the load; the result lands in bench_out/.
+BENCH_VENV := .cache/vllm/bench-venv
+VLLM_BENCH_PORT ?= 8123
+VLLM_BENCH_ARGS ?= --random-input-len 256 --random-output-len 32 --num-prompts 64 --max-concurrency 8
+$(BENCH_VENV)/.ok: $(VLLM_WHEEL_STAMP)
+	python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --no-deps .cache/vllm/vllm-$(VLLM_VERSION)-*.whl
+	@# What `vllm bench serve` imports, in one resolve with the CPU torch pinned (xgrammar alone
+	@# would pull a multi-GB CUDA build).
+	$(BENCH_VENV)/bin/pip install -q "torch==2.13.0" "transformers<5.21" aiohttp tqdm numpy \
+	  pillow pydantic msgspec pyzmq cbor2 regex cachetools psutil openai fastapi pybase64 \
+	  requests openai_harmony cloudpickle uvloop py-cpuinfo prometheus_client \
+	  partial_json_parser uvicorn xgrammar llguidance watchfiles orjson einops
+	@touch $@
+
+bench-vllm-client: setup $(BENCH_VENV)/.ok
+	@mkdir -p bench_out
+	$(PY) -c "from engine.model.loader import load_model; \
+	  load_model(None).tokenizer.save_pretrained('bench_out/bundled-tokenizer')"
+	$(VENV)/bin/kvscope serve --port $(VLLM_BENCH_PORT) > bench_out/vllm_client_server.log 2>&1 & \
+	  trap "kill $$! 2>/dev/null" EXIT; \
+	  for i in $$(seq 180); do curl -sf http://127.0.0.1:$(VLLM_BENCH_PORT)/health >/dev/null && break; sleep 1; done; \
+	  model=$$(curl -s http://127.0.0.1:$(VLLM_BENCH_PORT)/v1/models | $(PY) -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])"); \
+	  $(BENCH_VENV)/bin/python -m vllm.entrypoints.cli.main bench serve --backend openai-chat \
+	    --base-url http://127.0.0.1:$(VLLM_BENCH_PORT) --endpoint /v1/chat/completions --model "$$model" \
+	    --tokenizer bench_out/bundled-tokenizer --dataset-name random --ignore-eos $(VLLM_BENCH_ARGS) \
+	    --save-result --result-dir bench_out --result-filename vllm_bench_serve.json
 
 # Every Triton kernel ahead of time for all six GPU targets (`make test` compiles for the four
 # consumer ones: tests/test_triton_aot.py says why).
