@@ -200,7 +200,9 @@ class ModelPicker(QGroupBox):
             line += f"; {fit.free_bytes / 2**30:.1f} GiB {where} free"
             if not fit.fits:
                 line += " — <b>does not fit</b>"
-        return [line]
+        # float32 over quantized weights: dequantized once, or (when that does not fit) on
+        # every call, which is ~3x slower; say which.
+        return [line, f"Weights: {fit.note}"] if fit.note else [line]
 
 
 def _cuda_total_bytes(device) -> int:

@@ -48,6 +48,7 @@ def engine_stats(engine: LLMEngine) -> dict:
         "weight_bytes": engine.weight_bytes,
         "weight_format": engine.weight_format["format"],
         "weight_layout": engine.weight_format["layout"],
+        "weight_choice": engine.weight_choice.note,
         "dtype": str(engine.model.dtype).removeprefix("torch."),
         "num_threads": engine.num_threads,
     }

@@ -7,6 +7,7 @@ its observers (snapshots, the contiguous shadow, recording) in `engine.kv.observ
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 from jinja2.exceptions import TemplateError
@@ -15,6 +16,7 @@ from engine import inspection
 from engine.config import EngineConfig
 from engine.cpu_threads import apply_num_threads
 from engine.detokenizer import IncrementalDetokenizer
+from engine.float32_weights import float32_choice
 from engine.kv.allocator import KVAllocator
 from engine.kv.block_manager import BlockManager
 from engine.kv.contiguous import ContiguousBlockManager
@@ -27,7 +29,7 @@ from engine.model.chat_templates import missing_template_error
 from engine.model.kv_calibration import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
 from engine.model.sampler import Sampler, SampleResult, SamplingRow
-from engine.model_build import build_model
+from engine.model_build import build_model, free_memory, kv_pool_bytes
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -56,7 +58,17 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         config.weights_quantized = weights_quantized(loaded.weights.kinds(), config.quantization)
         device = config.torch_device
-        self.model = build_model(config, loaded, self.max_model_len)
+        # float32 over a quantized file: dequantized once at load when that fits, not per call.
+        self.weight_choice = float32_choice(
+            config,
+            loaded.weights.shapes(),
+            loaded.weights.kinds(),
+            loaded.config.tie_word_embeddings,
+            kv_pool_bytes(config, loaded),
+            free_memory(device),
+        )
+        build_config = replace(config, quantization=self.weight_choice.quantization)
+        self.model = build_model(build_config, loaded, self.max_model_len)
         num_blocks = size_kv_pool(config, mc, self.model)
         # KV groups: sliding-window layers apart from full ones, so their blocks can go back.
         self.kv_layout = kv_layout(config, mc)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from engine.config import EngineConfig
+from engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
+from engine.float32_weights import float32_choice
 from engine.model.loader import expected_weight_shapes
 from engine.model.model_config import ModelConfig
 from engine.model_build import free_memory
@@ -23,6 +24,7 @@ WeightsHeader = tuple[dict, dict]  # tensor shapes and stored kinds (engine.plan
 class WeightFit:
     plan: WeightPlan
     free_bytes: int | None  # on the config's device; None where it cannot be read
+    note: str = ""  # how float32 compute keeps quantized weights (engine.float32_weights)
 
     @property
     def fits(self) -> bool:
@@ -44,5 +46,9 @@ def resolve_for_weights(config: EngineConfig, header: WeightsHeader | None) -> E
 def weight_fit(config: EngineConfig, header: WeightsHeader, tied: bool) -> WeightFit:
     shapes, kinds = header
     device = config.torch_device
-    plan = plan_weights(shapes, kinds, config.quantization, device, config.torch_dtype, tied)
-    return WeightFit(plan, free_memory(device))
+    free = free_memory(device)
+    # The KV pool as the settings ask for it (a block count's bytes are known only at load).
+    kv = config.kv_cache_memory or (DEFAULT_CPU_KV_MEMORY if device.type == "cpu" else 0)
+    choice = float32_choice(config, shapes, kinds, tied, kv, free)
+    plan = plan_weights(shapes, kinds, choice.quantization, device, config.torch_dtype, tied)
+    return WeightFit(plan, free, choice.note)

@@ -182,6 +182,14 @@ def test_dialog_shows_the_model_and_the_planners_prediction(qtbot):
     prediction = dialog.picker.prediction.text()
     assert "46,080 B" in prediction and "91 blocks of 16 = 1,456 tokens" in prediction
     assert "Weights: dequantized kept as dense" in prediction
+    assert "dequantized once" not in prediction  # "none" was the user's choice: nothing to say
+    # float32 over the quantized file: dequantized once at load (it fits), and said so.
+    dialog.quantization.setCurrentText("auto")
+    dialog.dtype.setCurrentText("float32")
+    prediction = dialog.picker.prediction.text()
+    assert "kept as dense" in prediction and "dequantized once at load" in prediction
+    dialog.dtype.setCurrentText("auto")
+    dialog.quantization.setCurrentText("none")
     dialog.block_size.setCurrentText("32")
     dialog.kv_dtype.setCurrentText("float16")
     assert "91 blocks of 32 = 2,912 tokens" in dialog.picker.prediction.text()

@@ -54,7 +54,7 @@ def test_chunked_streaming_read_equals_one_piece(tmp_path, monkeypatch, qtype):
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES)
-def test_kept_quantized_forward_matches_dequantized_reference(tmp_path, qtype):
+def test_kept_quantized_forward_matches_dequantized_reference(tmp_path, qtype, monkeypatch):
     """float32 activations: the weights are the same numbers either way, so logits differ only by
     matmul summation order (~1e-6 relative); 1e-4 absolute on logits of size ~1 leaves a margin.
     bfloat16 through the CPU int4 kernel rounds activations and scales to 8 significant bits:
@@ -65,9 +65,14 @@ def test_kept_quantized_forward_matches_dequantized_reference(tmp_path, qtype):
     params = SamplingParams(temperature=0, max_tokens=4, logprobs=5)
     kw = dict(device="cpu", num_kv_blocks=16)
     ref_llm = LLM(model=loaded, dtype="float32", quantization="none", **kw)
-    kept_llm = LLM(model=loaded, dtype="float32", quantization="auto", **kw)
+    # float32 over quantized weights dequantizes at load when that fits (next test); the
+    # per-call path is what remains when it does not: make it not fit.
+    with monkeypatch.context() as m:
+        m.setattr("engine.llm_engine.free_memory", lambda device: 1)
+        kept_llm = LLM(model=loaded, dtype="float32", quantization="auto", **kw)
     assert ref_llm.stats()["weight_layout"] == "dense"
     assert kept_llm.stats()["weight_layout"] == "dequant-per-call"
+    assert "on every call" in kept_llm.stats()["weight_choice"]
     assert kept_llm.stats()["weight_format"] == qtype
     assert kept_llm.stats()["weight_bytes"] < ref_llm.stats()["weight_bytes"] / 2.5
 
@@ -105,18 +110,33 @@ def _hidden(engine, prompt):
     return hidden[-1:]
 
 
-def test_bundled_model_greedy_tokens_identical_kept_quantized(default_model_lazy, chat_prompts):
-    """The bundled Q4_1/Q8_0 file, float32 activations: kept-quantized == dequantized."""
+def test_bundled_model_greedy_tokens_identical_kept_quantized(
+    default_model_lazy, chat_prompts, monkeypatch
+):
+    """The bundled Q4_1/Q8_0 file, float32 activations: kept-quantized == dequantized, and by
+    default (the dense weights fit) dequantized once at load, not on every call."""
     kw = dict(device="cpu", dtype="float32", num_kv_blocks=64)
     ref = LLM(model=default_model_lazy, quantization="none", **kw)
-    kept = LLM(model=default_model_lazy, quantization="auto", **kw)
+    default = LLM(model=default_model_lazy, **kw)
+    assert (default.stats()["weight_layout"], default.stats()["weight_format"]) == (
+        "dense",
+        "float32",
+    )
+    assert "dequantized once at load" in default.stats()["weight_choice"]
+    assert ref.stats()["weight_choice"] == ""  # nothing was chosen: the user said "none"
+    assert default.stats()["weight_bytes"] == ref.stats()["weight_bytes"]
+    with monkeypatch.context() as m:  # the dense weights do not fit: per call, and said so
+        m.setattr("engine.llm_engine.free_memory", lambda device: 1)
+        kept = LLM(model=default_model_lazy, quantization="auto", **kw)
     assert kept.stats()["weight_format"] == "Q4_1+Q8_0"
+    assert kept.stats()["weight_layout"] == "dequant-per-call"
     params = SamplingParams(temperature=0, max_tokens=16)
     prompts = [
         kept.engine.apply_chat_template([{"role": "user", "content": p}]) for p in chat_prompts[:3]
     ]
-    for a, b in zip(ref.generate(prompts, params), kept.generate(prompts, params), strict=True):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    outs = [llm.generate(prompts, params) for llm in (ref, default, kept)]
+    for a, b, c in zip(*outs, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids == c.outputs[0].token_ids
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -255,15 +275,18 @@ def test_out_of_memory_while_building_is_a_clear_error(tmp_path, monkeypatch):
         LLM(model=loaded, device="cpu", num_kv_blocks=8)
 
 
-def test_planner_counts_the_kept_format(tmp_path):
+def test_planner_counts_the_kept_format(tmp_path, monkeypatch):
     from engine.planner import plan_kv
 
     path = make_quant_gguf(tmp_path / "m.gguf", "Q4_K")
     kept = plan_kv(path, context=256, vram_bytes="1GiB")
     dense = plan_kv(path, context=256, vram_bytes="1GiB", quantization="none")
     assert kept.weights_format == "Q4_K" and dense.weights_format == "dequantized"
+    # The CPU float32 path keeps the packed format only where the dense weights do not fit.
+    monkeypatch.setattr("engine.llm_engine.free_memory", lambda device: 1)
     llm = LLM(model=str(path), device="cpu", dtype="float32", num_kv_blocks=8)
-    # The GPU keeps the packed format as the CPU float32 path does: bytes agree but for the
+    assert llm.stats()["weight_layout"] == "dequant-per-call"
+    # The GPU keeps the packed format as that CPU float32 path does: bytes agree but for the
     # float32 norms the planner counts at fp16.
     assert abs(kept.weights_bytes - llm.stats()["weight_bytes"]) < 0.01 * kept.weights_bytes
     assert dense.weights_bytes > 3 * kept.weights_bytes

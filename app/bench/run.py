@@ -124,8 +124,10 @@ def benchmark(
     requests = load_chat_workload(settings.workload, settings.num_requests, settings.max_tokens_cap)
     loaded = loaded or load_model(None)
     # The bench compares like with like: float32 on the CPU for every contender.
-    # Dequantized float32: the same numbers HF transformers computes with, a like-for-like race.
-    llm = LLM(model=loaded, device="cpu", dtype="float32", quantization="none")
+    # float32 as a user gets it with dtype="float32" and the default quantization: the GGUF
+    # dequantized once at load where it fits (engine/float32_weights.py), the same numbers HF
+    # transformers computes with, a like-for-like race. Its layout is reported with its rate.
+    llm = LLM(model=loaded, device="cpu", dtype="float32")
     engine = llm.engine
     prompts = [engine.tokenize(engine.apply_chat_template(r.messages))[1] for r in requests]
     max_tokens = [r.max_tokens for r in requests]
@@ -135,7 +137,8 @@ def benchmark(
         ours = run_engine_workload(llm, prompts, max_tokens)
     with meter.phase("ours_decode"):
         ours_decode = measure_engine_decode(llm, prompts[0], settings.decode_steps)
-    weight_bytes, kv_dtype = llm.stats()["weight_bytes"], llm.config.kv_torch_dtype
+    f32_stats = llm.stats()
+    weight_bytes, kv_dtype = f32_stats["weight_bytes"], llm.config.kv_torch_dtype
     eos_ids = set(engine.eos_token_ids)  # the stop set both engines and HF use
     del llm, engine  # its float32 weights, before the quantized engine is built
     # The defaults a user gets, from the file (`loaded` may hold dequantized weights).
@@ -192,7 +195,8 @@ def benchmark(
             "prompt_tokens": sum(len(p) for p in prompts),
             "max_tokens_total": sum(max_tokens),
         },
-        "ours": asdict(ours),
+        "ours": asdict(ours)
+        | {k: f32_stats[k] for k in ("weight_format", "weight_layout", "weight_choice")},
         "ours_quantized": asdict(ours_q)
         | {k: q_stats[k] for k in ("dtype", "weight_format", "weight_layout")},
         "hf_static": asdict(hf_static) if hf_static else None,
@@ -267,7 +271,8 @@ def summarize(report: dict) -> str:
         f"  ours, float32 {ours['useful_tokens_per_s']:5.1f} useful tok/s  "
         f"({ours['useful_tokens']} tokens in {ours['wall_s']:.1f} s; TTFT mean "
         f"{ours['ttft_mean_s']:.2f} s, p50 {ours['ttft_p50_s']:.2f}, p90 {ours['ttft_p90_s']:.2f}; "
-        f"peak running {ours['peak_num_running']}, preemptions {ours['num_preemptions']})",
+        f"peak running {ours['peak_num_running']}, preemptions {ours['num_preemptions']}; "
+        f"weights {ours.get('weight_format', '?')}, {ours.get('weight_layout', '?')})",
     ]
     q = report["ours_quantized"]
     lines.append(
