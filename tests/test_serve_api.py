@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
+import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -238,6 +239,37 @@ def test_closing_a_stream_aborts_it_and_frees_its_blocks(client, server):
     stats = _stats(server)
     assert stats["kv_blocks_used"] == 0 and stats["num_running"] == 0
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_a_whole_request_whose_client_gave_up_is_aborted(default_model):
+    """Not streamed: outputs arrive every step, and the client timing out must still abort it
+    (it used to run on to max_tokens for nobody)."""
+    srv = start_server(default_model, 256, 2048)
+    try:
+
+        def counters():
+            families = _metrics(srv)
+            abort = _value(
+                families, "vllm:request_success", "vllm:request_success_total",
+                finished_reason="abort",
+            )  # fmt: skip
+            made = _value(families, "vllm:generation_tokens", "vllm:generation_tokens_total")
+            return abort, made
+
+        body = {"model": srv.model_name, "prompt": "Once upon a time", "max_tokens": 1500}
+        body["ignore_eos"] = True  # so that only the abort can end it early
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=1.5)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            stats, (aborted, made) = _stats(srv), counters()
+            if stats["num_running"] == 0 and aborted == 1:
+                break
+            time.sleep(0.2)
+        assert (stats["num_running"], stats["kv_blocks_used"], aborted) == (0, 0, 1)
+        assert 0 < made < 1500  # stopped early, not run on to max_tokens
+    finally:
+        srv.stop()
 
 
 def test_metrics_use_vllm_names_and_types(client, server):

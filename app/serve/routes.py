@@ -101,13 +101,22 @@ def build_router(state: ServerState) -> APIRouter:
                 state.engine_loop.abort(stream.request_id)
 
     async def _collect(stream: RequestStream, request: Request) -> RequestOutput | None:
+        # The client is checked on a clock, not only when no output came: a running request
+        # yields an output every step, and one whose client timed out must stop burning the
+        # machine for nobody.
+        loop = asyncio.get_running_loop()
+        check_at = loop.time() + DISCONNECT_POLL_S
         try:
             while True:
                 try:
                     item = await asyncio.wait_for(stream.get(), DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
+                    item = None
+                if loop.time() >= check_at:
                     if await request.is_disconnected():
                         return None
+                    check_at = loop.time() + DISCONNECT_POLL_S
+                if item is None:
                     continue
                 if isinstance(item, Exception):
                     raise APIError(500, str(item))
