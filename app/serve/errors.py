@@ -74,4 +74,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code)
+        # Starlette's own headers stay (a 405's Allow: HTTP requires it).
+        return JSONResponse(
+            error_body(exc.status_code, str(exc.detail)), exc.status_code, headers=exc.headers
+        )

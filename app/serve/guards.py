@@ -57,21 +57,34 @@ class BodySizeGuard:
         too_big = f"request body over the limit of {self.limit} bytes"
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await _send_error(send, 413, too_big)
-        seen = 0
+        seen, over, answered = 0, False, False
 
         async def bounded_receive():
-            nonlocal seen
+            nonlocal seen, over
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
+                    over = True
                     raise _TooLarge()
             return message
 
+        async def guarded_send(message):
+            # The body parser turns the exception into its own 400; what a chunked body over
+            # the limit gets is the 413 promised, whatever the app tries to answer.
+            nonlocal answered
+            if not over:
+                return await send(message)
+            if not answered:
+                answered = True
+                await _send_error(send, 413, too_big)
+
         try:
-            return await self.app(scope, bounded_receive, send)
+            return await self.app(scope, bounded_receive, guarded_send)
         except _TooLarge:
-            return await _send_error(send, 413, too_big)
+            if not answered:
+                answered = True
+                return await _send_error(send, 413, too_big)
 
 
 class _TooLarge(Exception):

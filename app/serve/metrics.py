@@ -176,6 +176,14 @@ class ServerMetrics:
     def track(self, request_id: str, arrival: float) -> None:
         self.requests.track(request_id, arrival)
 
+    def forget(self, request_id: str) -> None:
+        self.requests.forget(request_id)
+
+    @property
+    def num_tracked(self) -> int:
+        """Requests whose figures are being gathered (in flight, or not yet taken)."""
+        return self.requests.num_tracked
+
     def observe(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         """After a step or an abort: the requests' families, then the engine's counters."""
         now = time.time()

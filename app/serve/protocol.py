@@ -42,6 +42,9 @@ def _no_bool(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(_no_bool)]
 TokenId = Annotated[StrictInt, Field(ge=0)]
 LogprobCount = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]
+MAX_STOP_STRINGS = 4  # vLLM's VLLM_MAX_STOP_STRINGS default
+MAX_STOP_CHARS = 1000
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 # vLLM fields the engine cannot honour: field -> the values that mean "not used" (its default and
 # what vLLM treats the same). Any other value is refused with a 400 naming the field.
@@ -133,7 +136,9 @@ class SamplingFields(BaseModel):
     top_k: Int | None = None
     min_p: float | None = None
     n: Int = Field(default=1, ge=1, le=16)
-    stop: str | list[str] | None = None
+    # vLLM's bound (VLLM_MAX_STOP_STRINGS, default 4; OpenAI's is 4 too), and a length bound of
+    # our own: every stop string is searched for after every token of every sequence.
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: list[TokenId] | None = None
     seed: Int | None = Field(default=None, ge=INT64[0], le=INT64[1])
     stream: bool | None = False

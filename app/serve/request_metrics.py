@@ -205,6 +205,15 @@ class RequestFamilies:
         self._tracked[request_id] = _Tracked(arrival)
         self._untaken.add(request_id)
 
+    @property
+    def num_tracked(self) -> int:
+        return len(self._tracked)
+
+    def forget(self, request_id: str) -> None:
+        """A tracked request the engine refused: nothing of it is counted or kept."""
+        self._tracked.pop(request_id, None)
+        self._untaken.discard(request_id)
+
     def observe(
         self, engine: LLMEngine, outputs: list[RequestOutput], now: float, stepped: bool
     ) -> None:

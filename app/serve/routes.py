@@ -46,7 +46,8 @@ def build_router(state: ServerState) -> APIRouter:
 
     def check_model(name: str) -> None:
         if name not in state.model_names:
-            raise APIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+            shown = name if len(name) <= 200 else f"{name[:200]}… ({len(name):,} characters)"
+            raise APIError(404, f"The model `{shown}` does not exist.", "model", "model_not_found")
 
     async def admit(rid, prompt, params: SamplingParams, arrival: float, param: str):
         stream = RequestStream(rid, asyncio.get_running_loop())
@@ -54,6 +55,7 @@ def build_router(state: ServerState) -> APIRouter:
         state.engine_loop.submit(rid, prompt, params, stream)
         first = await stream.get()
         if isinstance(first, Exception):  # a sampling parameter's error names it (ParamError)
+            state.engine_loop.call(lambda _: state.metrics.forget(rid))  # nothing to track
             raise APIError(400, str(first), getattr(first, "param", param))
         assert isinstance(first, Accepted)
         return stream
