@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from PySide6.QtGui import QTextDocumentFragment
@@ -470,3 +471,35 @@ def test_metrics_plots_running_and_token_rate_from_scrapes():
     assert t.tolist() == [-10.0, -8.0, -5.0] and v.tolist() == [1.0, 3.0, 0.0]
     t, v = rate_series(history, now, lambda m: m.generation_tokens_total)
     assert t.tolist() == [-8.0, -5.0] and v.tolist() == [30.0, 5.0]  # 60 tokens / 2 s; 5 / 1 s
+
+
+def test_one_replicas_bad_values_stay_on_its_own_card(two_replicas, qtbot):
+    """A replica whose snapshot raises, or whose metrics hold values that cannot be numbers,
+    does not freeze the tab: the other replica's card goes on updating."""
+    from app.remote.metrics_scrape import parse_metrics as parse
+    from app.remote.monitor import model_ids
+
+    view, _connections, snaps, monitors = two_replicas
+    bad = parse('vllm:cache_config_info{block_size="inf",engine="0"} 1.0\n')
+    assert bad.block_size is None  # not an OverflowError
+    assert parse('vllm:cache_config_info{block_size="10000000"} 1.0\n').block_size is None
+    assert model_ids({"data": [{"id": {"x": 1}}, {"id": "ok"}, "junk", {"id": "m" * 999}]}) == (
+        "ok",
+        "m" * 256,
+    )
+    assert model_ids({"data": "nope"}) == () and model_ids([1, 2]) == ()
+
+    broken = next(m for m in monitors if m.connection.label == B)
+
+    def explode():
+        raise OverflowError("cannot convert float infinity to integer")
+
+    broken.snapshot = explode
+    snaps[A] = replace(snaps[A], model="tiny-renamed")
+    view.poll()  # must not raise
+    assert "tiny-renamed" in view.cards[A].status.text()  # A goes on updating
+    assert [s.connection.label for s in view.snapshots] == [A, B]  # B's last good view stays
+    # A value the card cannot show: that card says so, the other goes on.
+    snaps[A] = replace(snaps[A], model=object())
+    view.poll()
+    assert "cannot show" in view.cards[A].status.text()

@@ -291,3 +291,19 @@ def test_a_missed_sequence_number_is_filled_from_the_replay_socket():
     finally:
         sub.stop()
         server.close()
+
+
+def test_an_absurd_block_size_is_malformed():
+    """One event must not set a replica's block size to 10^7 (the view sizes by it)."""
+    import msgspec
+
+    from app.remote.kv_wire import MAX_BLOCK_SIZE, MalformedFrame, decode_batch
+
+    def batch(size):
+        event = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None}
+        event |= {"token_ids": [0] * 4, "block_size": size, "medium": "GPU"}
+        return msgspec.msgpack.encode([0.0, [event], 0])
+
+    assert decode_batch(batch(MAX_BLOCK_SIZE)).events[0].block_size == MAX_BLOCK_SIZE
+    with pytest.raises(MalformedFrame, match="block_size"):
+        decode_batch(batch(10**7))

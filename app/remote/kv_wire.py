@@ -86,6 +86,7 @@ _REQUIRED = {
 _FIELDS = {"BlockStored": _STORED_FIELDS, "BlockRemoved": _REMOVED_FIELDS, "AllBlocksCleared": ()}
 
 _decoder = msgspec.msgpack.Decoder()
+MAX_BLOCK_SIZE = 1 << 16  # vLLM's blocks hold 1..a few thousand tokens (mamba's the most)
 
 
 def decode_batch(payload: bytes) -> EventBatch:
@@ -151,9 +152,10 @@ def _event(raw: Any, index: int) -> Event:
     if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
         raise MalformedFrame(f"event {index} ({tag}): token_ids must be a list of ints")
     block_size = values["block_size"]
-    if not _is_int(block_size) or block_size <= 0:
+    if not _is_int(block_size) or not 0 < block_size <= MAX_BLOCK_SIZE:
         raise MalformedFrame(
-            f"event {index} ({tag}): block_size must be > 0, got {block_size!r:.40}"
+            f"event {index} ({tag}): block_size must be in 1..{MAX_BLOCK_SIZE}, "
+            f"got {block_size!r:.40}"
         )
     lora_id = values.get("lora_id")
     return BlockStored(

@@ -82,7 +82,9 @@ class RemoteMetrics:
 
     @property
     def block_size(self) -> int | None:
-        return _int_or_none(self.cache_config.get("block_size"))
+        size = _int_or_none(self.cache_config.get("block_size"))
+        # A server's word, checked: vLLM's block sizes are 1..a few thousand tokens (mamba).
+        return size if size is not None and 0 < size <= MAX_BLOCK_SIZE else None
 
     @property
     def num_gpu_blocks(self) -> int | None:
@@ -242,8 +244,12 @@ class MetricsDelta:
         return self._delta(self.prev.preemptions_total, self.cur.preemptions_total)
 
 
+MAX_BLOCK_SIZE = 1 << 16
+
+
 def _int_or_none(value: str | None) -> int | None:
+    """An integer label value, or None for anything else ("inf", "nan", "x", 1e400)."""
     try:
         return int(float(value)) if value not in (None, "", "None") else None
-    except ValueError:
+    except (ValueError, OverflowError):
         return None

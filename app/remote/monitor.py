@@ -162,8 +162,8 @@ class ReplicaMonitor:
             response = client.get("/v1/models")
             if response.status_code != 200:
                 return ()
-            return tuple(m["id"] for m in response.json().get("data", []) if "id" in m)
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            return model_ids(response.json())
+        except (httpx.HTTPError, ValueError):
             return ()
 
     # ---- the GUI's side ------------------------------------------------------------------
@@ -207,6 +207,20 @@ class ReplicaMonitor:
         assumed = "" if algo else " (assumed: the server does not say)"
         seed_note = f"PYTHONHASHSEED={seed}" if seed else "PYTHONHASHSEED unset (vLLM's fixed seed)"
         return hasher, f"{used}{assumed}, {seed_note}"
+
+
+MAX_MODELS = 256
+MAX_MODEL_ID = 256
+
+
+def model_ids(body) -> tuple[str, ...]:
+    """The ids of a /v1/models answer; entries that are not {"id": str} are skipped, and the
+    list and each name are bounded (a peer's word, shown on its card)."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return ()
+    ids = (m.get("id") for m in data[:MAX_MODELS] if isinstance(m, dict))
+    return tuple(i[:MAX_MODEL_ID] for i in ids if isinstance(i, str) and i)
 
 
 class _HttpStatus(Exception):

@@ -18,6 +18,7 @@ objects, plots at most twice a second."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -47,7 +48,7 @@ from app.remote_view.replica_card import ReplicaCard
 from app.remote_view.replica_colors import ReplicaColors
 from app.remote_view.routing_box import RoutingBox, Tokenize
 from app.remote_view.run_texts import RunTexts
-from app.remote_view.status_line import status_line
+from app.remote_view.status_line import BAD, StatusLine, status_line
 
 POLL_MS = 250
 TREE_MIN_S = 1.0  # the tree is redrawn at most this often while the caches keep changing
@@ -102,6 +103,18 @@ def _merge_timed(caches: list) -> tuple[list[TreeRun], float]:
     return roots, time.monotonic() - started
 
 
+log = logging.getLogger(__name__)
+_logged: set[tuple[str, str]] = set()
+
+
+def _log_once(label: str, where: str) -> None:
+    """A replica's failure, with its traceback, once per replica and place: the view polls at
+    4 Hz, and a log that repeats the same trace every tick helps nobody."""
+    if (label, where) not in _logged:
+        _logged.add((label, where))
+        log.exception("remote view: replica %s failed in %s; the others go on", label, where)
+
+
 class _Bridge(QObject):
     merged = Signal(object)  # (tree key, caches, (roots, seconds the merge took))
 
@@ -137,6 +150,7 @@ class RemoteView(QWidget):
         self._monitor_factory = monitor_factory or _default_monitor
         self._clock = clock
         self.monitors: dict[str, object] = {}
+        self._last_good: dict[str, object] = {}  # each replica's last snapshot that was read
         self.snapshots: list = []
         self.colors = ReplicaColors()
         self.cards: dict[str, ReplicaCard] = {}
@@ -239,7 +253,17 @@ class RemoteView(QWidget):
         """The timer's tick: read every monitor's snapshot (cheap: copies under a lock)."""
         if not self.isVisible() and self.snapshots:
             return  # a hidden tab redraws when shown (showEvent)
-        self.set_snapshots([m.snapshot() for m in self.monitors.values()])
+        snapshots = []
+        for label, monitor in self.monitors.items():
+            try:
+                snapshot = monitor.snapshot()
+            except Exception:  # one replica's trouble stays on its card (its last good view)
+                _log_once(label, "snapshot")
+                snapshot = self._last_good.get(label)
+            if snapshot is not None:
+                self._last_good[label] = snapshot
+                snapshots.append(snapshot)
+        self.set_snapshots(snapshots)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         super().resizeEvent(event)
@@ -316,10 +340,15 @@ class RemoteView(QWidget):
         for s in snapshots:
             label = s.connection.label
             card = self.cards[label]
-            card.set_status(status_line(s, now), self._card_extra(s), s.hash_note)
-            if self._metrics_seen.get(label) is not s.metrics or s.metrics is None:
-                self._metrics_seen[label] = s.metrics
-                card.set_metrics(s.metrics, s.metrics_history)
+            try:
+                card.set_status(status_line(s, now), self._card_extra(s), s.hash_note)
+                if self._metrics_seen.get(label) is not s.metrics or s.metrics is None:
+                    self._metrics_seen[label] = s.metrics
+                    card.set_metrics(s.metrics, s.metrics_history)
+            except Exception as e:  # a value we did not foresee: this card says so, others go on
+                _log_once(label, "card")
+                trouble = StatusLine("cannot show", BAD, (f"{type(e).__name__} in its data",))
+                card.set_status(trouble)
         self._update_tree()
         plotted = set(labels) != self._plotted_replicas
         if plotted or now - self._plotted_at >= PLOT_REDRAW_S or now < self._plotted_at:
