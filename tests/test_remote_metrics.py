@@ -3,6 +3,9 @@ vLLM's names; rates between two scrapes; the poller when the server is not there
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from remote_fakes import free_endpoint, wait_until
 
@@ -200,4 +203,47 @@ def test_a_hostile_metrics_page_is_refused_and_the_poller_recovers():
         assert snap.metrics.running == 3.0
     finally:
         monitor.stop()
+        httpd.shutdown()
+
+
+def test_a_trickling_metrics_page_is_cut_and_stop_is_prompt():
+    """/metrics sent one byte a second never times out a read: the whole answer has a
+    deadline, and stop() ends the poller mid-read."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from app.remote.monitor import SCRAPE_DEADLINE_S
+
+    class Trickle(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            try:
+                for _ in range(120):
+                    self.wfile.write(b"#")
+                    self.wfile.flush()
+                    time.sleep(1.0)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, *_args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    monitor = ReplicaMonitor(parse_connection(url), poll_s=0.05).start()
+    try:
+        snap = wait_until(
+            lambda: (s := monitor.snapshot()).http_state == "down" and s,
+            timeout=SCRAPE_DEADLINE_S + 10,
+            what="the deadline",
+        )
+        assert f"took over {SCRAPE_DEADLINE_S:g} s" in snap.http_error
+        time.sleep(1.5)  # mid-read again (the poller retries)
+        began = time.monotonic()
+        monitor.stop(timeout=3)
+        assert not monitor._poller.is_alive() and time.monotonic() - began < 3
+    finally:
         httpd.shutdown()

@@ -9,6 +9,7 @@ does."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 1.0
 READ_TIMEOUT_S = 2.0
 BACKOFF_CAP_S = 15.0
+MAX_MODELS_BYTES = 1 << 20  # a model list, not a model
+SCRAPE_DEADLINE_S = 5.0  # a whole answer, however it trickles in (reads time out per chunk)
 MAX_METRICS_BYTES = 8 << 20  # vLLM's /metrics is tens of KiB; more is not a metrics page
 METRICS_HISTORY = 900  # scrapes kept (15 min at 1 Hz)
 
@@ -126,21 +129,28 @@ class ReplicaMonitor:
                         self._http_retry_at = time.time() + delay
                 self._stop.wait(delay)
 
+    def _read(self, client: httpx.Client, path: str, cap: int) -> bytes:
+        """GET `path`'s body, bounded in bytes and in total time (a server that sends a byte
+        a second never times out a read), and cut short when the monitor stops."""
+        deadline = time.monotonic() + SCRAPE_DEADLINE_S
+        url = f"{self.connection.url}{path}"
+        with client.stream("GET", path) as response:
+            if response.status_code != 200:
+                raise _HttpStatus(f"HTTP {response.status_code} from {url}")
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > cap:
+                    raise _HttpStatus(f"{url} sent over {cap >> 20} MiB: not read further")
+                if time.monotonic() > deadline:
+                    raise _HttpStatus(f"{url} took over {SCRAPE_DEADLINE_S:g} s to answer")
+                if self._stop.is_set():
+                    raise _HttpStatus(f"{url}: stopped while reading")
+        return bytes(body)
+
     def _scrape(self, client: httpx.Client) -> bool:
         try:
-            with client.stream("GET", "/metrics") as response:
-                if response.status_code != 200:
-                    raise _HttpStatus(
-                        f"HTTP {response.status_code} from {self.connection.url}/metrics"
-                    )
-                body = bytearray()
-                for chunk in response.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_METRICS_BYTES:
-                        raise _HttpStatus(
-                            f"{self.connection.url}/metrics sent over "
-                            f"{MAX_METRICS_BYTES >> 20} MiB: not read further"
-                        )
+            body = self._read(client, "/metrics", MAX_METRICS_BYTES)
             metrics = parse_metrics(body.decode("utf-8", errors="replace"))
             if not self._models:
                 self._models = self._fetch_models(client)
@@ -159,11 +169,8 @@ class ReplicaMonitor:
 
     def _fetch_models(self, client: httpx.Client) -> tuple[str, ...]:
         try:
-            response = client.get("/v1/models")
-            if response.status_code != 200:
-                return ()
-            return model_ids(response.json())
-        except (httpx.HTTPError, ValueError):
+            return model_ids(json.loads(self._read(client, "/v1/models", MAX_MODELS_BYTES)))
+        except (httpx.HTTPError, _HttpStatus, ValueError, RecursionError):
             return ()
 
     # ---- the GUI's side ------------------------------------------------------------------
