@@ -78,3 +78,35 @@ def test_refused_requests_leave_no_tracked_metrics(server):
     for _ in range(20):  # refused by the engine: the prompt does not fit max_model_len
         assert _post(server, "/v1/completions", too_long).status_code == 400
     assert tracked() == before
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(server):
+    engine = server.engine_loop.engine
+    seen: list[int] = []
+    original = engine.tokenize
+
+    def spy(prompt):
+        seen.append(len(prompt))
+        return original(prompt)
+
+    engine.tokenize = spy
+    try:
+        huge = "lorem ipsum " * 350_000  # 4.2 M characters, refused anyway
+        for path, body in (
+            ("/v1/completions", {"prompt": huge[:3_900_000]}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge[:4_000_000]}]}),
+        ):
+            reply = _post(server, path, {"model": server.model_name, "max_tokens": 2} | body)
+            assert reply.status_code == 400, reply.text
+            assert "characters: more than 256 tokens" in reply.json()["error"]["message"]
+        assert all(n < 100_000 for n in seen), seen  # none of them reached the tokenizer
+        # With truncate_prompt_tokens the long prompt is legitimate: it is tokenized and cut.
+        ok = _post(
+            server,
+            "/v1/completions",
+            {"model": server.model_name, "prompt": huge[:200_000], "max_tokens": 1}
+            | {"truncate_prompt_tokens": 32},
+        )
+        assert ok.status_code == 200, ok.text
+    finally:
+        engine.tokenize = original

@@ -44,6 +44,17 @@ def build_router(state: ServerState) -> APIRouter:
     router = APIRouter()
     ids = count(1)
 
+    def check_prompt_chars(body, chars: int, param: str) -> None:
+        """Refuse a prompt that cannot fit before it costs a tokenizer or template run: a
+        4 MiB prompt refused anyway used to stall every stream while it was tokenized."""
+        if chars > state.max_prompt_chars and body.truncate_prompt_tokens is None:
+            raise APIError(
+                400,
+                f"the prompt is {chars:,} characters: more than {state.max_model_len:,} tokens "
+                "(max_model_len) can hold",
+                param,
+            )
+
     def check_model(name: str) -> None:
         if name not in state.model_names:
             shown = name if len(name) <= 200 else f"{name[:200]}… ({len(name):,} characters)"
@@ -133,6 +144,7 @@ def build_router(state: ServerState) -> APIRouter:
         check_model(body.model)
         refuse_unsupported(body, REFUSED_CHAT)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        check_prompt_chars(body, sum(len(m["content"]) for m in messages), "messages")
         try:
             prompt = state.engine.apply_chat_template(messages)
         except ValueError as e:
@@ -158,6 +170,8 @@ def build_router(state: ServerState) -> APIRouter:
             prompt = prompt[0]
         if not prompt:
             raise APIError(400, "prompt is empty", "prompt")
+        if isinstance(prompt, str):
+            check_prompt_chars(body, len(prompt), "prompt")
         params = sampling_params(state, body, body.max_tokens, body.logprobs)
         prompt = await truncated_prompt(state, body, prompt, "prompt")
         return await respond(request, "completion", body, prompt, params, body.logprobs or 0)
@@ -181,7 +195,9 @@ def build_router(state: ServerState) -> APIRouter:
         else:
             text = body.prompt
         try:
-            _text, ids = state.engine.tokenize(text)
+            # In a worker thread: a multi-MiB prompt must not hold the event loop (every other
+            # client, /health included) for the seconds it takes.
+            _text, ids = await asyncio.to_thread(state.engine.tokenize, text)
         except ValueError as e:
             raise APIError(400, str(e), "prompt") from None
         # vLLM's TokenizeResponse: token_strs is null unless asked for, then the tokenizer's

@@ -25,7 +25,7 @@ from app.serve.kv_events import KVEventTranslator, ZmqEventPublisher, vllm_hashe
 from app.serve.metrics import ServerMetrics
 from app.serve.responses import TokenText
 from app.serve.routes import build_router
-from app.serve.state import ServerState
+from app.serve.state import ServerState, longest_token_chars
 from engine import LLM, LLMEngine
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,7 @@ class Server:
             model_names=(self.model_name,),
             max_model_len=engine.max_model_len,
             token_text=TokenText(engine.tokenizer),
+            max_prompt_chars=engine.max_model_len * longest_token_chars(engine.tokenizer),
         )
         self.app = build_app(self.state, api_key)
         self._uvicorn: uvicorn.Server | None = None
