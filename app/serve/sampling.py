@@ -99,7 +99,8 @@ async def truncated_prompt(
     state: ServerState, body: SamplingFields, prompt: str | list[int], param: str
 ) -> str | list[int]:
     """The prompt after truncate_prompt_tokens (vLLM's rule: -1 keeps max_model_len - 1 tokens;
-    the side is truncation_side, else the tokenizer's own, else the end is cut)."""
+    the side is truncation_side, else "left", keeping the prompt's end: vLLM's tokenizer
+    registry sets that side for every generating model, whatever the tokenizer's own says)."""
     keep = body.truncate_prompt_tokens
     if keep is None:
         return prompt
@@ -122,5 +123,5 @@ async def truncated_prompt(
             raise APIError(400, str(e), param) from None
     if keep >= len(ids):
         return prompt
-    side = body.truncation_side or getattr(state.engine.tokenizer, "truncation_side", None)
+    side = body.truncation_side or "left"
     return list(ids[-keep:] if side == "left" and keep else ids[:keep])
