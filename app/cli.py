@@ -8,6 +8,7 @@ import sys
 import typing
 from dataclasses import Field
 
+from app.remote.block_hashes import ALGOS, DEFAULT_ALGO
 from engine.config import KNOB, QUANTIZATIONS, EngineConfig, user_knobs
 
 
@@ -135,8 +136,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--prefix-caching-hash-algo",
-        default="sha256",
-        choices=("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"),
+        default=DEFAULT_ALGO,
+        choices=ALGOS,
         help="the block hashes the KV events carry, computed as vLLM's option of this name does",
     )
     _engine_args(p)

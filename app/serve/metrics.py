@@ -30,6 +30,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from app.remote.block_hashes import DEFAULT_ALGO
 from app.serve.cache_info import CACHE_CONFIG_LABELS, cache_config_info
 from app.serve.request_metrics import LABELS, RequestFamilies
 from engine import LLMEngine, RequestOutput
@@ -38,7 +39,6 @@ WAITING_REASONS = ("capacity", "deferred")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
-DEFAULT_HASH_ALGO = "sha256"  # vLLM's default --prefix-caching-hash-algo
 POOL_REFRESH_S = 0.1  # the pool snapshot behind kvscope_* gauges, at most this often mid-run
 
 
@@ -47,7 +47,7 @@ class ServerMetrics:
         self,
         model_name: str,
         max_model_len: int,
-        prefix_caching_hash_algo: str = DEFAULT_HASH_ALGO,
+        prefix_caching_hash_algo: str = DEFAULT_ALGO,
     ) -> None:
         """`prefix_caching_hash_algo`: how the block hashes of our KV events are computed, by
         vLLM's name; cache_config_info publishes it, and remote viewers hash by it."""
