@@ -6,13 +6,13 @@ its observers (snapshots, the contiguous shadow, recording) in `engine.kv.observ
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import replace
 
 import torch
-from jinja2.exceptions import TemplateError
 
-from engine import inspection
+from engine import inspection, prompts
 from engine.config import EngineConfig
 from engine.cpu_threads import apply_num_threads
 from engine.detokenizer import IncrementalDetokenizer
@@ -25,19 +25,17 @@ from engine.kv.kv_cache import KVCache
 from engine.kv.observers import PoolObservers
 from engine.kv.snapshot import KVSnapshot
 from engine.memory_profile import kv_layout, size_kv_pool
-from engine.model.chat_templates import missing_template_error
 from engine.model.kv_calibration import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
 from engine.model.sampler import Sampler, SampleResult, SamplingRow
 from engine.model_build import build_model, free_memory, kv_pool_bytes
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestMetrics, RequestOutput
+from engine.prompts import PromptInput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Request, Sequence
 from engine.weight_plan import weights_quantized
-
-PromptInput = str | list[int]
 
 
 class LLMEngine:
@@ -131,40 +129,27 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as e:  # a lone surrogate (e.g. from undecodable argv)
-                raise ValueError(f"prompt is not valid text: {e}") from e
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
-        if isinstance(prompt, (bytes, bytearray, memoryview)):
-            raise ValueError("prompt is bytes: pass text (str) or a list of token ids")
-        ids = list(prompt)
-        vocab = self.model_config.vocab_size
-        # bool is an int subclass: True would silently become token 1.
-        bad = [
-            t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab
-        ]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        return None, ids
+        """(text or None, token ids) of a prompt; safe from any thread (the tokenizer is
+        only read, and releases the GIL while it encodes)."""
+        return prompts.tokenize(self.tokenizer, self.model_config.vocab_size, prompt)
+
+    @functools.cached_property
+    def max_prompt_chars(self) -> int:
+        """No prompt of more characters can fit max_model_len tokens."""
+        return self.max_model_len * prompts.longest_token_chars(self.tokenizer)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
-        if not messages:
-            raise ValueError("chat messages are empty")
-        for m in messages:
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise ValueError(f"chat message {m!r} needs 'role' and 'content'")
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise missing_template_error(self.model_config.architecture, self.model_source)
-        try:
-            return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        except TemplateError as e:  # the model's own rules, e.g. "roles must alternate"
-            raise ValueError(f"the model's chat template refused these messages: {e}") from e
+        """The prompt the model's chat template makes of `messages`, rendered as transformers
+        renders it but bounded: a template over its time or size budget raises
+        TemplateBudgetError, one that refuses or breaks on them TemplateRenderError (both
+        ValueError). Safe from any thread."""
+        return prompts.chat_prompt(
+            self.tokenizer,
+            messages,
+            self.max_prompt_chars,
+            self.model_config.architecture,
+            self.model_source,
+        )
 
     def add_request(
         self,
@@ -172,12 +157,22 @@ class LLMEngine:
         prompt: PromptInput,
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        prompt_token_ids: list[int] | None = None,
     ) -> None:
+        """Queue a request. `prompt_token_ids`: `prompt`'s tokens, already computed (the server
+        tokenizes off this thread); only checked against the vocabulary here, and the
+        outputs still carry `prompt` as the text."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params.check_vocab(self.model_config.vocab_size)
-        text, ids = self.tokenize(prompt)
+        if prompt_token_ids is None:
+            text, ids = self.tokenize(prompt)
+        else:
+            if not isinstance(prompt, str):
+                raise ValueError("prompt_token_ids go with the prompt's text (a str)")
+            text = prompt
+            ids = prompts.check_token_ids(prompt_token_ids, self.model_config.vocab_size)
         if not ids:
             raise ValueError("prompt is empty after tokenization")
         if len(ids) + 1 > self.max_model_len:
