@@ -2,7 +2,8 @@
 
 `Server(llm, ...)` serves an engine that already exists (a test's, or the app's); `run(args)`
 is `kvscope serve`. `start()` runs uvicorn in a thread of its own and returns once it listens,
-so tests and benchmarks drive a real socket."""
+so tests and benchmarks drive a real socket. Both run uvicorn with the same connection limits
+(app/serve/connections.py): request deadlines and a cap sized from RLIMIT_NOFILE."""
 
 from __future__ import annotations
 
@@ -12,16 +13,20 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
 
 from app.remote.block_hashes import DEFAULT_ALGO
+from app.serve.connections import ConnectionLimits, guarded_protocol
 from app.serve.engine_loop import EngineDriver, EngineLoop
 from app.serve.errors import install_error_handlers
+from app.serve.fd_budget import ConnectionBudget, budget_for_this_process
 from app.serve.guards import ApiKeyGuard, BodySizeGuard
 from app.serve.kv_events import KVEventTranslator, ZmqEventPublisher, vllm_hasher
+from app.serve.log_limits import install_log_limits
 from app.serve.metrics import ServerMetrics
 from app.serve.responses import TokenText
 from app.serve.routes import build_router
@@ -57,10 +62,14 @@ class Server:
         kv_events_encoding: str = "map",
         prefix_caching_hash_algo: str = DEFAULT_ALGO,
         driver: EngineDriver | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
-        """`driver`: who steps the engine (the app's worker); None: a thread of our own."""
+        """`driver`: who steps the engine (the app's worker); None: a thread of our own.
+        `limits`: connection deadlines and cap; None: the defaults, the cap from RLIMIT_NOFILE."""
         engine = llm.engine
         self.host, self.port = host, port
+        self.limits = limits or ConnectionLimits()
+        self.connection_budget: ConnectionBudget | None = None  # sized when uvicorn starts
         self.model_name = model_name or served_model_name(engine)
         self.metrics = ServerMetrics(
             self.model_name, engine.max_model_len, prefix_caching_hash_algo
@@ -99,14 +108,25 @@ class Server:
             self.publisher.publish(batch)
 
     def _config(self) -> uvicorn.Config:
-        return uvicorn.Config(
+        """uvicorn's settings, the same for serve_forever() and start(): the limits included."""
+        budget = budget_for_this_process()
+        if self.limits.max_connections is not None:
+            budget = replace(budget, cap=self.limits.max_connections)
+        self.connection_budget = budget
+        log.info("connection limits: %s", budget.describe())
+        config = uvicorn.Config(
             self.app,
             host=self.host,
             port=self.port,
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=5,
+            http=guarded_protocol(self.limits, budget),
+            timeout_keep_alive=self.limits.keep_alive_s,  # type: ignore[arg-type]
+            backlog=budget.backlog,
         )
+        install_log_limits()  # after the Config: it configures uvicorn's loggers
+        return config
 
     def start(self) -> Server:
         """Serve from a background thread; returns once the socket listens."""
