@@ -36,7 +36,9 @@ Session file format, version 3 (`FORMAT_VERSION`; version 2 files still read): U
                       num_computed_tokens], ...]             sequence got
 
 `read_events` checks the version and every line: a JSON object of a known kind with exactly its
-fields, each of its type; anything else is a ValueError naming the line and the problem.
+fields, each of its type (ints below 2**63, lines up to 64 MiB, the header 256 MiB); anything
+else is a ValueError naming the line and the problem. `engine.kv.replay` checks the rest:
+block ids and groups against the header, frees against what each sequence holds.
 `group` names a KV group (`engine.kv.layout`; always 0 for a model whose layers attend alike);
 `start` the first logical block an event's `blocks` stand for (a sliding group's table holds
 nothing before its window). In version 2 files both are absent and 0.
@@ -52,6 +54,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar, get_args, get_type_hints
+
+from engine.kv.session_json import (
+    MAX_HEADER_BYTES,
+    MAX_INT,
+    decode_line,
+    load_json,
+    numbered_lines,
+    shown,
+)
 
 FORMAT_VERSION = 3
 # Version 2 files (before KV groups) read the same: their events lack the fields that have a
@@ -267,13 +278,13 @@ _DEFAULTED: dict[type[KVEvent], set[str]] = {
 
 def event_from_json(line: str) -> KVEvent:
     """Parse one event line; ValueError says what is wrong with it."""
-    record = json.loads(line)
+    record = load_json(line)
     if not isinstance(record, dict):
         raise ValueError(f"an event is a JSON object, got {type(record).__name__}")
     kind = record.pop("kind", None)
     cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ValueError(f"unknown KV event kind {kind!r}")
+        raise ValueError(f"unknown KV event kind {shown(kind)}")
     types_ = _FIELD_TYPES[cls]
     missing = types_.keys() - record.keys() - _DEFAULTED[cls]
     extra = record.keys() - types_.keys()
@@ -295,6 +306,8 @@ def _decode(value: Any, hint: Any, where: str) -> Any:
         ok = isinstance(value, bool)
     elif hint is int:
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if ok and value > MAX_INT:
+            raise ValueError(f"{where} is {shown(value)}, above the format's limit 2**63 - 1")
     elif hint is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
@@ -312,7 +325,7 @@ def _decode(value: Any, hint: Any, where: str) -> Any:
             item_types = [args[0]] * len(value) if homogeneous else args
             return tuple(_decode(v, t, where) for v, t in zip(value, item_types, strict=True))
     if not ok:
-        raise ValueError(f"{where} must be {_type_name(hint)}, got {value!r}")
+        raise ValueError(f"{where} must be {_type_name(hint)}, got {shown(value)}")
     return value
 
 
@@ -338,32 +351,38 @@ class EventRecorder:
 
 
 def read_events(path: str | Path) -> tuple[dict, Iterator[KVEvent]]:
-    """The header and the events of a file written by EventRecorder (events parsed lazily)."""
+    """The header and the events of a file written by EventRecorder (events read and parsed
+    lazily, a line at a time)."""
+    header, numbered = read_numbered_events(path)
+    return header, (event for _, event in numbered)
+
+
+def read_numbered_events(path: str | Path) -> tuple[dict, Iterator[tuple[int, KVEvent]]]:
+    """`read_events`, each event with its line number (for messages that name the line)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"KV event file {path} does not exist")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if not lines:
+    with path.open("rb") as f:
+        first = f.readline(MAX_HEADER_BYTES + 1)
+    if not first:
         raise ValueError(f"KV event file {path} is empty")
     try:
-        header = json.loads(lines[0])
+        header = load_json(decode_line(path, 1, first, MAX_HEADER_BYTES))
     except ValueError as e:
-        raise ValueError(f"{path}:1: not a KVScope event file (bad header): {e}") from e
+        raise ValueError(f"{path}:1: not a KVScope event file (bad header): {e}") from None
     if not isinstance(header, dict) or "kvscope_events" not in header:
         raise ValueError(f"{path}:1: not a KVScope event file (bad header)")
     if header["kvscope_events"] not in READABLE_VERSIONS:
         raise ValueError(
-            f"{path}:1: event format version {header['kvscope_events']!r}; "
+            f"{path}:1: event format version {shown(header['kvscope_events'])}; "
             f"this KVScope reads version {' or '.join(map(str, READABLE_VERSIONS))}"
         )
-    return header, _parse_lines(path, lines)
+    return header, _parse_lines(path)
 
 
-def _parse_lines(path: Path, lines: list[str]) -> Iterator[KVEvent]:
-    for number, line in enumerate(lines[1:], start=2):
-        if not line:
-            continue
+def _parse_lines(path: Path) -> Iterator[tuple[int, KVEvent]]:
+    for number, line in numbered_lines(path):
         try:
-            yield event_from_json(line)
+            yield number, event_from_json(line)
         except ValueError as e:  # json.JSONDecodeError is one too
             raise ValueError(f"{path}:{number}: {e}") from None

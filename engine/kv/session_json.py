@@ -1,0 +1,68 @@
+"""A session file's lines as untrusted JSON: bounded lines, bounded nesting, bounded messages.
+
+A recording is data from anywhere (a download, a damaged disk, a crafted file). Reading it must
+end in the format's ValueError, never in another exception: a 100,000-deep JSON list is a
+RecursionError inside `json.loads`, a multi-GiB line would be read whole before any check, and
+an error message that quoted a value as `repr` would itself recurse or run to megabytes. The
+helpers here keep each of those bounded, so `engine.kv.events` and `engine.kv.replay` only check
+meaning.
+"""
+
+from __future__ import annotations
+
+import json
+import reprlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# An event line lists at most one table's blocks (a 10^6-token context is ~60k blocks of 16).
+MAX_LINE_BYTES = 64 << 20
+# The header lists every cached block of the pool (up to ~10^7 of them, ~10 bytes each).
+MAX_HEADER_BYTES = 256 << 20
+# Every int the format carries fits the int64 arrays the replay keeps (seq ids, block ids).
+MAX_INT = (1 << 63) - 1
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxtuple = 2, 6, 4, 6
+_REPR.maxstring, _REPR.maxlong, _REPR.maxother = 60, 30, 60
+
+
+def shown(value: object) -> str:
+    """`repr(value)` cut short, for error messages: never deep, never long."""
+    return _REPR.repr(value)
+
+
+def load_json(text: str | bytes) -> Any:
+    """`json.loads`, with nesting too deep for the parser a ValueError like any bad JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        # The format nests three levels at most; the parser gives up near the recursion limit.
+        raise ValueError("JSON nested too deeply (the format nests 3 levels)") from None
+
+
+def numbered_lines(path: Path, skip_header: bool = True) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each non-empty line after the header, read one at a time, so a
+    file of any size replays in bounded memory; a line over MAX_LINE_BYTES or not UTF-8 is a
+    ValueError naming it."""
+    with path.open("rb") as f:
+        if skip_header:
+            f.readline(MAX_HEADER_BYTES + 1)
+        number = 1
+        while raw := f.readline(MAX_LINE_BYTES + 1):
+            number += 1
+            text = decode_line(path, number, raw, MAX_LINE_BYTES)
+            if text:
+                yield number, text
+
+
+def decode_line(path: Path, number: int, raw: bytes, limit: int) -> str:
+    """One line's text without its line ending; ValueError when too long or not UTF-8."""
+    raw = raw.rstrip(b"\r\n")
+    if len(raw) > limit:
+        raise ValueError(f"{path}:{number}: line is longer than {limit >> 20} MiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{number}: not UTF-8 text (byte {e.start})") from None
