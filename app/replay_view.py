@@ -54,7 +54,7 @@ def check_recording(path: Path) -> dict:
         first = f.readline(HEADER_LIMIT)
     try:
         header = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to parse
         raise ValueError(
             f"{path} is not a KVScope recording (its first line is no header)"
         ) from None
@@ -237,10 +237,17 @@ class ReplayDialog(QDialog):
 
 
 def _about(path: Path, header: dict) -> str:
-    model = Path(str(header.get("model", "") or "unknown model")).name
+    # The header is unchecked here (the reader checks it): show plain values only, cut short.
+    def field(key: str, default: str = "?") -> str:
+        value = header.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"{value:,}" if abs(value) < 10**30 else default
+        return value[:120] if isinstance(value, str) and value else default
+
+    model = Path(field("model", "unknown model")).name
     return (
-        f"{path} · {model} · {header.get('allocator', '?')} allocator · "
-        f"{header.get('num_blocks', '?')} blocks × {header.get('block_size', '?')} slots"
+        f"{path} · {model} · {field('allocator')} allocator · "
+        f"{field('num_blocks')} blocks × {field('block_size')} slots"
     )
 
 
