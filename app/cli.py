@@ -227,6 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--serve-seconds", type=float, default=120.0, help="--serve: time bound")
     bench.add_argument("--serve-max-tokens", type=int, default=32, help="--serve: tokens per reply")
     bench.add_argument(
+        "--soak",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="instead: well-behaved and hostile clients against `kvscope serve` and a hostile "
+        "peer against the remote view for MINUTES; RSS, losses, latency (bench_soak.json)",
+    )
+    bench.add_argument("--json", default=None, help="--soak: write the report here instead")
+    bench.add_argument(
         "--threads",
         action="store_true",
         help="instead: batch-1 decode at each thread count, quiet and with one core busy "

@@ -80,6 +80,10 @@ def run_bench(args: argparse.Namespace) -> int:
         print(summarize_sliding(report))
         print(f"  wrote {out / 'bench_sliding.json'} and bench_sliding.png")
         return 0
+    if getattr(args, "soak", None) is not None:
+        from app.bench.soak import run_soak_bench
+
+        return run_soak_bench(args)
     if getattr(args, "serve", False):
         from app.bench.serve_bench import run_serve_bench
 

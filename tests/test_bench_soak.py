@@ -1,0 +1,106 @@
+"""`kvscope bench --soak`: a 20-second soak through the real CLI (`kvscope serve` in a process of
+its own, the bundled model, well-behaved and hostile clients, the hostile peer followed by the
+remote monitor), judged on its invariants, never on speed: no well-behaved request lost, nothing
+running and no KV block held once idle, the server still answering, no 5xx to a hostile request,
+RSS recorded. Plus the pieces that can be checked without a server: the invariants' judge and
+the hostile peer's bounds."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from remote_fakes import wait_until
+
+from app.bench.hostile_peer import HostilePeer
+from app.bench.soak import SoakSettings
+from app.bench.soak_report import broken_invariants
+from app.bench.soak_watch import PeerWatch
+from app.cli import main
+
+
+@pytest.mark.slow
+def test_a_short_soak_holds_its_invariants(tmp_path):
+    out = tmp_path / "soak"
+    json_path = tmp_path / "report.json"
+    started = time.monotonic()
+    status = main(["bench", "--soak", "0.33", "--out", str(out), "--json", str(json_path)])
+    report = json.loads(json_path.read_text())
+    assert broken_invariants(report) == [], json.dumps(report, indent=1)[:5000]
+    assert status == 0
+    assert time.monotonic() - started < 300  # bounded: a hang, not a speed figure
+
+    totals, end = report["totals"], report["end"]
+    assert totals["polite_sent"] > 0 and totals["polite_lost"] == 0
+    assert end["running"] == 0 and end["waiting"] == 0 and end["kv_blocks_used"] == 0
+    assert end["server_answering"]
+    # Every hostile kind was tried, and a sound server answers each as expected.
+    hostile = report["hostile_by_action"]
+    assert {"dropped stream", "impatient whole request", "body over 4 MiB"} <= set(hostile)
+    assert totals["hostile_sent"] > 0 and totals["server_errors_5xx"] == 0
+    # RSS over time, from /proc, for the server and for this side.
+    samples = report["samples"]
+    assert len(samples) >= 5
+    assert all(x["server_rss_mb"] > 50 and x["soak_rss_mb"] > 50 for x in samples)
+    assert report["slow_sockets"]["opened"]["half-open"] > 0
+    peer = report["peer"]
+    assert peer["sent"]["batches"] > 0 and peer["snapshots"] > 0
+    assert peer["monitor_stopped"]
+    assert (out / "bench_soak.png").stat().st_size > 10_000
+
+
+def _report(**changes) -> dict:
+    report = {
+        "totals": {"polite_lost": 0, "server_errors_5xx": 0},
+        "end": {
+            "running": 0,
+            "waiting": 0,
+            "kv_blocks_used": 0,
+            "server_answering": True,
+            "probe_error": "",
+        },
+        "peer": {"snapshot_failures": []},
+    }
+    for key, value in changes.items():
+        section, field = key.split("__")
+        report[section][field] = value
+    return report
+
+
+def test_each_broken_invariant_is_named():
+    assert broken_invariants(_report()) == []
+    cases = {
+        "totals__polite_lost": (2, "2 well-behaved requests lost"),
+        "end__kv_blocks_used": (29, "29 KV blocks still in use"),
+        "end__running": (1, "running 1"),
+        "end__server_answering": (False, "no longer answers"),
+        "totals__server_errors_5xx": (3, "3 hostile requests got a 5xx"),
+        "peer__snapshot_failures": (["TypeError: x"], "remote snapshots failed"),
+    }
+    for key, (value, words) in cases.items():
+        broken = broken_invariants(_report(**{key: value}))
+        assert len(broken) == 1 and words in broken[0], (key, broken)
+
+
+def test_soak_settings_refuse_absurd_durations():
+    for minutes in (0, -1, 10_000):
+        with pytest.raises(ValueError, match="--soak"):
+            SoakSettings(minutes=minutes)
+    assert SoakSettings(minutes=0.33).report_every_s == 2.0
+    assert SoakSettings(minutes=10).report_every_s == 30.0
+
+
+def test_the_hostile_peer_is_seen_by_the_monitor_and_stays_bounded():
+    """The peer's garbage reaches the remote monitor (malformed frames counted, blocks cached),
+    its snapshots never fail, and both stop promptly."""
+    peer = HostilePeer(seed=1).start()
+    watch = PeerWatch(peer).start()
+    try:
+        wait_until(lambda: (watch.take().get("malformed") or 0) > 0, 20, "a malformed frame")
+        assert peer.counts["batches"] > 0
+        assert watch.failures == []
+    finally:
+        stopped = watch.stop()
+        peer.stop()
+    assert stopped["monitor_stopped"], stopped
