@@ -5,7 +5,12 @@ last cache copy while nothing changed, so it stays cheap at 4 Hz.
 The poller backs off exponentially (poll_s doubling up to BACKOFF_CAP_S) while the server does
 not answer, and says why in `http_error` ("ConnectError: ...", "HTTP 401 from /metrics").
 Requests use short timeouts, so `stop()` returns within about a second whatever the server
-does."""
+does.
+
+A batch is applied a slice at a time (RemoteCache.applying), the lock let go between slices;
+a snapshot waiting for it goes first (the `_turn` lock: CPython's locks are not fair, and a
+writer that takes the lock straight back would otherwise starve the GUI for the whole batch).
+The cache is capped from the pool the replica reports (remote_cache.block_cap)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -22,7 +28,7 @@ from app.remote.connection import Connection
 from app.remote.kv_subscriber import KVEventSubscriber, SubscriberStatus
 from app.remote.kv_wire import EventBatch
 from app.remote.metrics_scrape import MetricsParseError, RemoteMetrics, parse_metrics
-from app.remote.remote_cache import RemoteCache
+from app.remote.remote_cache import RemoteCache, block_cap
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +59,24 @@ class ReplicaSnapshot:
 
 
 class ReplicaMonitor:
-    def __init__(self, connection: Connection, poll_s: float = 1.0, **subscriber_options) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        poll_s: float = 1.0,
+        max_blocks: int | None = None,
+        **subscriber_options,
+    ) -> None:
+        """`max_blocks`: the cached blocks kept; None derives it from the pool the replica
+        reports in /metrics (block_cap), DEFAULT_MAX_BLOCKS until it does."""
         self.connection = connection
         self.poll_s = poll_s
         self._lock = threading.Lock()
+        self._turn = threading.Lock()  # a snapshot holds it while it waits for _lock
         self._stop = threading.Event()
-        self._cache = RemoteCache(connection.label)
+        self._fixed_cap = max_blocks is not None
+        self._cache = RemoteCache(
+            connection.label, block_cap(None) if max_blocks is None else max_blocks
+        )
         self._copy: RemoteCache | None = None
         self._copy_version = -1
         self._metrics: RemoteMetrics | None = None
@@ -102,8 +120,29 @@ class ReplicaMonitor:
 
     # ---- the subscriber's thread ---------------------------------------------------------
     def _on_batch(self, seq: int, batch: EventBatch) -> None:
+        self._sliced(self._cache.applying(batch, time.time()))
+
+    def _sliced(self, steps: Iterator[None]) -> None:
+        """Runs a cache change one step per hold of the lock; between steps, a snapshot that
+        waits takes the lock first (it holds `_turn` while waiting: we queue behind it)."""
+        done = object()
+        while True:
+            with self._lock:
+                if next(steps, done) is done:
+                    return
+            with self._turn:
+                pass
+
+    def _set_pool(self, num_gpu_blocks: int | None) -> None:
+        """The poller's thread: the cap follows the pool the replica reports."""
+        if self._fixed_cap:
+            return
+        cap = block_cap(num_gpu_blocks)
+        if cap == self._cache.max_blocks:
+            return
         with self._lock:
-            self._cache.apply(batch, time.time())
+            self._cache.max_blocks = cap
+        self._sliced(self._cache.trimming())
 
     # ---- the poller's thread -------------------------------------------------------------
     def _poll(self) -> None:
@@ -165,6 +204,7 @@ class ReplicaMonitor:
             self._history.append((metrics.scraped_at, metrics))
             if len(self._history) > METRICS_HISTORY:
                 del self._history[: METRICS_HISTORY // 4]
+        self._set_pool(metrics.num_gpu_blocks)
         return True
 
     def _fetch_models(self, client: httpx.Client) -> tuple[str, ...]:
@@ -175,7 +215,7 @@ class ReplicaMonitor:
 
     # ---- the GUI's side ------------------------------------------------------------------
     def snapshot(self) -> ReplicaSnapshot:
-        with self._lock:
+        with self._turn, self._lock:
             if self._copy is None or self._copy_version != self._cache.version:
                 self._copy = self._cache.copy()
                 self._copy_version = self._cache.version
