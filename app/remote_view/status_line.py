@@ -27,8 +27,20 @@ class StatusLine:
         return " · ".join((self.state, *self.details))
 
 
+def count_text(n: int) -> str:
+    """A count in bounded text: exact up to 9,999,999, then "2.7e20", and "over 1e30" past
+    that (a peer's seqs are its word: the missed count once read 267,477,789,068,788,498,399,
+    and an int past 1e308 does not even convert to a float)."""
+    if n < 10_000_000:
+        return f"{n:,}"
+    if n.bit_length() > 100:
+        return "over 1e30"
+    mantissa, exponent = f"{n:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
 def _plural(n: int, one: str, many: str | None = None) -> str:
-    return f"{n:,} {one if n == 1 else many or one + 's'}"
+    return f"{count_text(n)} {one if n == 1 else many or one + 's'}"
 
 
 def _events_state(status, now: float, metrics=None) -> tuple[str, str]:
@@ -79,7 +91,7 @@ def status_line(snapshot, now: float) -> StatusLine:
         if status.error and status.state != "live":
             details.append(f"events: {status.error}")
         if status.last_seq is not None:
-            details.append(f"seq {status.last_seq:,}")
+            details.append(f"seq {count_text(status.last_seq)}")
         # The subscriber's count, not the cache's clears: a publisher's first batch is an
         # AllBlocksCleared ("the pool as it stands"), which is no restart.
         if status.restarts:
@@ -87,7 +99,16 @@ def status_line(snapshot, now: float) -> StatusLine:
         if status.malformed:
             details.append(_plural(status.malformed, "malformed frame"))
         if status.missed or status.recovered:
-            details.append(f"replayed {status.recovered:,} · lost {status.missed:,} seqs")
+            details.append(
+                f"replayed {count_text(status.recovered)} · lost {count_text(status.missed)} seqs"
+            )
         if status.missed and severity == OK:
             severity = WARN  # the map may lack blocks it was never told about
+    cache = snapshot.cache
+    if cache.not_kept:
+        details.append(
+            f"{count_text(cache.not_kept)} blocks not kept: over the cap of {cache.max_blocks:,}"
+        )
+        if severity == OK:
+            severity = WARN  # the map shows fewer blocks than the server announced
     return StatusLine(state, severity, tuple(details))
