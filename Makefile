@@ -123,6 +123,7 @@ test-fast: setup lint vllm-wheel
 lint: setup
 	$(VENV)/bin/ruff check app engine kernels tests packaging
 	$(VENV)/bin/ruff format --check app engine kernels tests packaging
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: setup
 	$(VENV)/bin/kvscope bench
