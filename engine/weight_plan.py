@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.model_too_large import ModelTooLargeError  # noqa: F401 (moved; the next commit updates importers)
 from engine.planner import format_bytes
 from engine.quant.cpu_layout import INT4_GROUP_SIZES, TILE_N, gemv_wanted, int4_kernel_available
 from kernels import cpu_gemv
@@ -140,10 +141,6 @@ def weights_quantized(kinds: dict[str, str], quantization: str) -> bool:
     if quantization == "none":
         return False
     return any(k in PACKED_LAYOUTS or k in ("int8", "int4") for k in kinds.values())
-
-
-class ModelTooLargeError(ValueError):
-    """The model cannot be loaded into the memory that is free; says what would help."""
 
 
 def describe_need(
