@@ -20,10 +20,10 @@ from engine.memory_profile import bytes_per_block
 from engine.model.gemma3 import Gemma3Model
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel
+from engine.model_too_large import ModelTooLargeError
 from engine.weight_plan import (
     RUNTIME_OVERHEAD,
     WAYS_OUT,
-    ModelTooLargeError,
     WeightPlan,
     describe_need,
     plan_weights,

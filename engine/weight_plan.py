@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.model_too_large import ModelTooLargeError  # noqa: F401 (moved; the next commit updates importers)
-from engine.planner import format_bytes
+from engine.byte_units import format_bytes
 from engine.quant.cpu_layout import INT4_GROUP_SIZES, TILE_N, gemv_wanted, int4_kernel_available
 from kernels import cpu_gemv
 

@@ -246,7 +246,7 @@ def test_unsupported_tensor_type_is_refused_by_name(tmp_path):
 
 def test_a_model_that_cannot_fit_is_refused_before_loading(tmp_path, monkeypatch):
     import engine.model_build as build
-    from engine.weight_plan import ModelTooLargeError
+    from engine.model_too_large import ModelTooLargeError
 
     path = make_quant_gguf(tmp_path / "m.gguf", "Q4_K")
     loaded = load_model(path)
@@ -263,7 +263,7 @@ def test_a_model_that_cannot_fit_is_refused_before_loading(tmp_path, monkeypatch
 
 
 def test_out_of_memory_while_building_is_a_clear_error(tmp_path, monkeypatch):
-    from engine.weight_plan import ModelTooLargeError
+    from engine.model_too_large import ModelTooLargeError
 
     loaded = load_model(make_quant_gguf(tmp_path / "m.gguf", "Q8_0"))
 
@@ -295,7 +295,7 @@ def test_planner_counts_the_kept_format(tmp_path, monkeypatch):
 
 def test_out_of_memory_in_the_tokenizer_is_not_called_a_broken_tokenizer(tmp_path, monkeypatch):
     import engine.model.gguf_loader as loader_module
-    from engine.weight_plan import ModelTooLargeError
+    from engine.model_too_large import ModelTooLargeError
 
     path = make_quant_gguf(tmp_path / "fresh.gguf", "Q8_0")  # a new file: not in the cache
 

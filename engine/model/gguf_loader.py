@@ -26,6 +26,7 @@ from engine.model.model_config import ModelConfig
 from engine.model.remote_code import refuse_remote_code
 from engine.model.tokenizer_cache import cached_tokenizer
 from engine.model.weight_source import Weight, finish, read_exact
+from engine.model_too_large import ModelTooLargeError
 from engine.quant.gguf_blocks import (
     DENSE_TYPES,
     SUPPORTED_QUANT_TYPES,
@@ -34,7 +35,6 @@ from engine.quant.gguf_blocks import (
     decode_blocks,
     to_quantized_tensor,
 )
-from engine.weight_plan import ModelTooLargeError
 from kernels.quant_format import QuantizedTensor
 
 # llama.cpp writes Mistral checkpoints as "llama"; Qwen2/Qwen3 keep their own name.

@@ -15,7 +15,7 @@ from engine.model.loader import LoadedModel, check_weights, turn_end_token_ids
 from engine.model.model_config import FULL, SLIDING, ModelConfig
 from engine.model.remote_code import refuse_remote_code
 from engine.model.weight_source import SafetensorsSource
-from engine.weight_plan import ModelTooLargeError
+from engine.model_too_large import ModelTooLargeError
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",

