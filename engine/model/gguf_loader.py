@@ -21,7 +21,7 @@ from engine.model import gemma3_config
 from engine.model.chat_templates import builtin_chat_template, ensure_chat_template
 from engine.model.config_limits import check_layer_count, check_sizes
 from engine.model.gguf_file import GGUFFile, GGUFTensor, read_gguf
-from engine.model.loader import LoadedModel, check_weights, turn_end_token_ids
+from engine.model.loaded_model import LoadedModel, check_weights, turn_end_token_ids
 from engine.model.model_config import ModelConfig
 from engine.model.remote_code import refuse_remote_code
 from engine.model.tokenizer_cache import cached_tokenizer

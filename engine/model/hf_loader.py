@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from engine.model import gemma3_config
 from engine.model.chat_templates import ensure_chat_template
 from engine.model.config_limits import check_layer_count, check_sizes
-from engine.model.loader import LoadedModel, check_weights, turn_end_token_ids
+from engine.model.loaded_model import LoadedModel, check_weights, turn_end_token_ids
 from engine.model.model_config import FULL, SLIDING, ModelConfig
 from engine.model.remote_code import refuse_remote_code
 from engine.model.weight_source import SafetensorsSource
