@@ -58,8 +58,6 @@ def load_model(
 
     `progress(line)`, if given, is told when a slow step starts (a GGUF tokenizer's first
     conversion), so a caller such as the app can show it."""
-    # Imported here because both loaders import LoadedModel from this module.
-
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {path}")
@@ -72,6 +70,8 @@ def load_model(
 
 
 def _load(path: Path, progress: Callable[[str], None] | None = None) -> LoadedModel:
+    # Imported here, not for a cycle (they import engine.model.loaded_model, not this module):
+    # they bring in transformers, which `import engine` and default_model_path() do without.
     from engine.model.gguf_loader import load_gguf
     from engine.model.hf_loader import load_hf_folder
 
