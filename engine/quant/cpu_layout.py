@@ -70,6 +70,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.quant.packed_readers import _codes, _group_scales
 from kernels import cpu_gemv
 from kernels.quant_format import QuantizedTensor
 
@@ -158,28 +159,6 @@ def _scale_zeros(scale: np.ndarray, low: np.ndarray) -> torch.Tensor:
     """float32 per-group scale and min [N, K / g] -> the kernel's bf16 [K / g, N, 2]."""
     both = np.stack([scale, low + 8 * scale], axis=-1).transpose(1, 0, 2)
     return torch.from_numpy(np.ascontiguousarray(both)).to(torch.bfloat16)
-
-
-def _codes(w: QuantizedTensor, rows: slice) -> np.ndarray:
-    """uint8 [rows, K], one code per element (numpy: several times faster than torch's uint8
-    ops on the CPU for this shuffling; load time is mostly this)."""
-    c = w.codes[rows].numpy()
-    if w.bits == 8:
-        return c
-    q = np.empty((c.shape[0], c.shape[1] * 2), dtype=np.uint8)
-    q[:, 0::2], q[:, 1::2] = c & 0x0F, c >> 4
-    return q
-
-
-def _group_scales(w: QuantizedTensor, rows: slice) -> tuple[np.ndarray, np.ndarray]:
-    per_super = w.super_group_size // w.group_size
-    scale = np.repeat(w.d[rows].float().numpy(), per_super, axis=1)
-    low = np.repeat(w.dmin[rows].float().numpy(), per_super, axis=1)
-    if w.sub_scale is not None:
-        scale = scale * w.sub_scale[rows].numpy()
-    if w.sub_min is not None:
-        low = low * w.sub_min[rows].numpy()
-    return scale.astype(np.float32), low.astype(np.float32)
 
 
 @dataclass(frozen=True)
