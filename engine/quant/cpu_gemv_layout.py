@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.quant.packed_readers import codes_of, group_scales_of
 from kernels import cpu_gemv
 from kernels.quant_format import QuantizedTensor
 
 
 def gemv_layout(w: QuantizedTensor) -> cpu_gemv.QuantizedCodesT:
     """`w` transposed into column chunks; 8-bit codes centred (see kernels/cpu_gemv.py)."""
-    # cpu_layout's numpy readers of the packed format; imported here, as cpu_layout imports us.
-    from engine.quant.cpu_layout import _codes as codes_of
-    from engine.quant.cpu_layout import _group_scales as group_scales_of
-
     n, k = w.shape
     g = w.group_size
     chunks, width = cpu_gemv.chunking(n)

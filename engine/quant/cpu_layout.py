@@ -70,7 +70,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.quant.packed_readers import _codes, _group_scales
+from engine.quant.cpu_gemv_layout import gemv_layout
+from engine.quant.packed_readers import codes_of, group_scales_of
 from kernels import cpu_gemv
 from kernels.quant_format import QuantizedTensor
 
@@ -217,8 +218,6 @@ def cpu_layout(w: QuantizedTensor) -> CpuQuantLinear:
     n, k = w.shape
     g = w.group_size
     if gemv_kernels() is not None:
-        from engine.quant.cpu_gemv_layout import gemv_layout
-
         return CpuQuantLinear((), None, n, w.kind, gemv_layout(w))
     if g not in INT4_GROUP_SIZES or not int4_kernel_available():
         return CpuQuantLinear((), _dense(w), n, w.kind)
@@ -238,8 +237,8 @@ def cpu_layout(w: QuantizedTensor) -> CpuQuantLinear:
         scale = np.zeros((stop - start, k // g), dtype=np.float32)
         low = np.zeros_like(scale)
         if count:
-            q[:count] = _codes(w, real)
-            scale[:count], low[:count] = _group_scales(w, real)
+            q[:count] = codes_of(w, real)
+            scale[:count], low[:count] = group_scales_of(w, real)
         if w.bits == 4:
             pieces = [(q, scale, low)]
         else:
@@ -265,8 +264,8 @@ def _dense(w: QuantizedTensor) -> torch.Tensor:
     step = max(1, (1 << 22) // k)
     for start in range(0, n, step):
         rows = slice(start, min(n, start + step))
-        q = _codes(w, rows).reshape(-1, k // w.group_size, w.group_size).astype(np.float32)
-        scale, low = _group_scales(w, rows)
+        q = codes_of(w, rows).reshape(-1, k // w.group_size, w.group_size).astype(np.float32)
+        scale, low = group_scales_of(w, rows)
         values = (q * scale[..., None] + low[..., None]).reshape(-1, k)
         out[rows] = torch.from_numpy(values)
     return out

@@ -11,7 +11,7 @@ import numpy as np
 from kernels.quant_format import QuantizedTensor
 
 
-def _codes(w: QuantizedTensor, rows: slice) -> np.ndarray:
+def codes_of(w: QuantizedTensor, rows: slice) -> np.ndarray:
     """uint8 [rows, K], one code per element (numpy: several times faster than torch's uint8
     ops on the CPU for this shuffling; load time is mostly this)."""
     c = w.codes[rows].numpy()
@@ -22,7 +22,9 @@ def _codes(w: QuantizedTensor, rows: slice) -> np.ndarray:
     return q
 
 
-def _group_scales(w: QuantizedTensor, rows: slice) -> tuple[np.ndarray, np.ndarray]:
+def group_scales_of(w: QuantizedTensor, rows: slice) -> tuple[np.ndarray, np.ndarray]:
+    """float32 (scale, min) per group [rows, K / g]: the super-group's d and dmin, times the
+    group's sub-scales where the format has them."""
     per_super = w.super_group_size // w.group_size
     scale = np.repeat(w.d[rows].float().numpy(), per_super, axis=1)
     low = np.repeat(w.dmin[rows].float().numpy(), per_super, axis=1)
