@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from engine.kv.kv_cache import KVCache
-    from engine.model.llama import DecoderLayer, LlamaModel
+    from engine.model.fusable import FusableLayer, FusableModel
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class _Layer:
     scale: float
 
     @classmethod
-    def of(cls, layer: DecoderLayer) -> _Layer | None:
+    def of(cls, layer: FusableLayer) -> _Layer | None:
         projections = [_Projection.of(p) for p in layer.projections()]
         if any(p is None for p in projections):
             return None
@@ -120,7 +120,7 @@ class _Layer:
 class FusedCpuDecode:
     """A LlamaModel's decode steps through kernels/cpu_decode_jit.py (see the module doc)."""
 
-    def __init__(self, model: LlamaModel, layers: list[_Layer], ns) -> None:
+    def __init__(self, model: FusableModel, layers: list[_Layer], ns) -> None:
         cfg = model.cfg
         self.ns = ns
         self.layers = layers
@@ -141,7 +141,7 @@ class FusedCpuDecode:
         self._plans: dict[tuple, _Plan] = {}
 
     @classmethod
-    def for_model(cls, model: LlamaModel) -> FusedCpuDecode | None:
+    def for_model(cls, model: FusableModel) -> FusedCpuDecode | None:
         """The fused path for `model`, or None where its weights or shapes do not fit it."""
         cfg = model.cfg
         if model.device.type != "cpu" or model.dtype != torch.bfloat16:
