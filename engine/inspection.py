@@ -7,16 +7,44 @@ numbers the snapshot reports), the allocator for occupancy, the scheduler for co
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.kv.snapshot import BlockState
 
 if TYPE_CHECKING:
-    from engine.llm_engine import LLMEngine
-    from engine.sequence import Sequence
+    from engine.config import EngineConfig
+    from engine.float32_weights import WeightChoice
+    from engine.kv.allocator import KVAllocator
+    from engine.kv.kv_cache import KVCache
+    from engine.kv.layout import KVLayout
+    from engine.kv.observers import PoolObservers
+    from engine.model.llama import LlamaModel
+    from engine.scheduler import Scheduler
+    from engine.sequence import Request, Sequence
 
 
-def engine_stats(engine: LLMEngine) -> dict:
+class InspectedEngine(Protocol):
+    """The parts of an engine these views read (LLMEngine has them all): declared here, so that
+    this module need not import the engine that calls it."""
+
+    config: EngineConfig
+    block_manager: KVAllocator
+    observers: PoolObservers
+    kv_cache: KVCache
+    kv_layout: KVLayout
+    scheduler: Scheduler
+    requests: dict[str, Request]
+    model: LlamaModel
+    tokenizer: Any
+    weight_choice: WeightChoice
+    weight_bytes: int
+    weight_format: dict[str, str]
+    max_model_len: int
+    num_steps: int
+    num_threads: int
+
+
+def engine_stats(engine: InspectedEngine) -> dict:
     bm = engine.block_manager
     counters = engine.observers.counters
     return {
@@ -54,7 +82,7 @@ def engine_stats(engine: LLMEngine) -> dict:
     }
 
 
-def block_contents(engine: LLMEngine, block_id: int) -> dict:
+def block_contents(engine: InspectedEngine, block_id: int) -> dict:
     """What one physical block holds: its token ids and their text, and who holds it."""
     bm = engine.block_manager
     if not 0 <= block_id < bm.num_blocks:
@@ -86,7 +114,7 @@ def block_contents(engine: LLMEngine, block_id: int) -> dict:
 
 
 def block_hash(
-    engine: LLMEngine, block_id: int
+    engine: InspectedEngine, block_id: int
 ) -> tuple[int, int | None, tuple[int, ...], int] | None:
     """(hash, parent hash, token ids, KV group) of a block holding a reusable prefix, else None.
 
@@ -101,7 +129,7 @@ def block_hash(
     return block.block_hash, block.parent_hash, block.token_ids, getattr(block, "group", 0)
 
 
-def _live_sequence(engine: LLMEngine, seq_id: int) -> Sequence | None:
+def _live_sequence(engine: InspectedEngine, seq_id: int) -> Sequence | None:
     for request in engine.requests.values():
         for seq in request.sequences:
             if seq.seq_id == seq_id:
