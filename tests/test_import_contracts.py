@@ -1,0 +1,53 @@
+"""The import contracts in pyproject.toml ([tool.importlinter]) hold, and they see what they claim.
+
+`make lint` runs the same check (`lint-imports`); here it also runs with the suite, and the
+second test pins down the two facts the acyclic contract rests on: grimp counts an import made
+inside a function and one made under TYPE_CHECKING, so neither can hide a cycle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grimp
+import pytest
+from importlinter.cli import lint_imports
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _contracts() -> dict[str, dict]:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return {c["type"]: c for c in config["contracts"]}
+
+
+def test_the_layers_and_the_acyclic_contracts_are_configured():
+    contracts = _contracts()
+    assert contracts["layers"]["layers"] == ["app", "engine", "kernels"]
+    assert set(contracts["acyclic_siblings"]["ancestors"]) == {"engine", "kernels"}
+
+
+def test_the_import_contracts_hold(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    exit_code = lint_imports(
+        config_filenames=(str(ROOT / "pyproject.toml"),), no_cache=True, no_logo=True
+    )
+    assert exit_code == 0, "an import contract is broken: run `.venv/bin/lint-imports` to see which"
+
+
+def test_a_lazy_or_type_only_import_still_closes_a_cycle(tmp_path, monkeypatch):
+    package = tmp_path / "circle"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from circle import b\n\n    return b\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from circle import a\n"
+    )
+    (package / "c.py").write_text("from circle import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph = grimp.build_graph("circle", cache_dir=None)
+    assert graph.direct_import_exists(importer="circle.a", imported="circle.b")
+    assert graph.direct_import_exists(importer="circle.b", imported="circle.a")
+    breakers = graph.nominate_cycle_breakers("circle")
+    assert breakers and breakers <= {("circle.a", "circle.b"), ("circle.b", "circle.a")}
