@@ -1,9 +1,12 @@
 """The app reaches the engine and the kernels only through their public surface.
 
-Every import in app/**/*.py of an engine or kernels module is checked against the public set
-below (an `import kernels` also by the attributes read off it). Anything else is an engine
-internal: a benchmark that needs one belongs in `engine.bench`, a fact the app needs gets a
-public accessor.
+Which way imports go (app -> engine -> kernels, never back) and that engine and kernels have no
+import cycles are import-linter's contracts in pyproject.toml (`make lint`,
+tests/test_import_contracts.py). What import-linter cannot say is which *names* of a module
+are public, so that stays here: every import in app/**/*.py of an engine or kernels module is
+checked against the public set below (an `import kernels` also by the attributes read off
+it). Anything else is an engine internal: a benchmark that needs one belongs in
+`engine.bench`, a fact the app needs gets a public accessor.
 """
 
 from __future__ import annotations
