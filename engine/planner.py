@@ -2,7 +2,7 @@
 
 Nothing here loads weights. A model's shape comes from config.json, a GGUF header, or three
 numbers; the figures are the ones our engine uses, so `predict_num_blocks` equals the pool
-`LLM(kv_cache_memory=...)` builds.
+`LLM(kv_cache_memory=...)` builds. The figures as a record and as text are `engine.kv_plan.KVPlan`.
 
 The budget is `vram x gpu_memory_utilization - weights`. The engine on CUDA also subtracts one
 step's activations, which it measures at load; the plan leaves them out, so on a GPU its block
@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine.byte_units import format_bytes, parse_bytes
+# format_bytes and parse_bytes are read off this module too (the app's picker and CLI).
+from engine.byte_units import format_bytes as format_bytes
+from engine.byte_units import parse_bytes
 from engine.kv.layout import KVLayout
+from engine.kv_plan import KVPlan
 from engine.model.model_config import ModelConfig
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -135,112 +137,6 @@ def sequence_kv_bytes(mc: ModelConfig, context: int, kv_dtype: object) -> int:
     per_layer_token = bytes_per_token(1, mc.num_kv_heads, mc.head_dim, kv_dtype)
     tokens = sum(context if w is None else min(context, w) for w in mc.layer_windows())
     return per_layer_token * tokens
-
-
-@dataclass(frozen=True)
-class KVPlan:
-    model: str  # a label: file or folder name, or "flags"
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str
-    dtype_bytes: int
-    context: int  # tokens per sequence, prompt and output together
-    model_max_context: int | None  # the model's max_position_embeddings; None from flags
-    batch: int
-    block_size: int
-    bytes_per_token: int
-    bytes_per_sequence: int  # the exact K/V of one sequence (sliding layers: their window)
-    batch_bytes: int
-    bytes_per_block: int
-    blocks_per_sequence: int  # ceil(context / block_size): a paged pool allocates whole blocks
-    batch_blocks: int
-    vram_bytes: int | None
-    gpu_memory_utilization: float
-    weights_bytes: int | None
-    weights_source: str  # "given" | "estimated" | "none" (counted as 0)
-    weights_dtype: str | None  # of an estimate
-    weights_format: str | None  # the estimate's kept formats: "Q4_K+Q6_K", "int4", "fp16"
-    load_peak_bytes: int | None  # extra while building (estimates only)
-    kv_budget_bytes: int | None  # vram x utilization - weights, at least 0; None without vram
-    budget_deficit_bytes: int | None  # how far weights overrun vram x utilization
-    num_blocks: int | None  # blocks in the budget
-    max_tokens_in_budget: int | None
-    max_sequences_at_context: int | None
-    fits: bool | None  # batch x blocks_per_sequence <= num_blocks; None without vram
-    fits_to_load: bool | None  # weights + load peak <= vram x utilization; None without vram
-    # Sliding-window layers count at their window (bytes_per_sequence, blocks_per_sequence).
-    sliding_window: int | None = None
-    sliding_layers: int = 0
-    kv_groups: int = 1  # block tables per sequence (engine.kv.layout); a block holds one's layers
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def table(self) -> str:
-        """The plan as aligned 'label  value' lines for a terminal."""
-        rows = [
-            ("model", self.model),
-            (
-                "layers x KV heads x head dim",
-                f"{self.num_layers} x {self.num_kv_heads} x {self.head_dim}",
-            ),
-            ("KV dtype", f"{self.dtype} ({self.dtype_bytes} B)"),
-            ("bytes per token", format_bytes(self.bytes_per_token)),
-            *(
-                [
-                    (
-                        "sliding layers",
-                        f"{self.sliding_layers} of {self.num_layers} keep a "
-                        f"{self.sliding_window:,}-token window ({self.kv_groups} KV groups)",
-                    )
-                ]
-                if self.sliding_layers
-                else []
-            ),
-            (
-                "bytes per sequence",
-                f"{format_bytes(self.bytes_per_sequence)} at {self.context:,} tokens",
-            ),
-            *(
-                [("context warning", f"the model attends to at most {self.model_max_context:,}")]
-                if self.model_max_context and self.context > self.model_max_context
-                else []
-            ),
-            ("batch bytes", f"{format_bytes(self.batch_bytes)} for {self.batch} sequences"),
-            ("block size", f"{self.block_size} tokens, {format_bytes(self.bytes_per_block)}"),
-            ("blocks per sequence", f"{self.blocks_per_sequence:,}"),
-            ("blocks for the batch", f"{self.batch_blocks:,}"),
-        ]
-        if self.vram_bytes is None:
-            rows.append(("budget", "no VRAM size given: nothing to fit against"))
-        else:
-            if self.weights_bytes is None:
-                weights = "0 (not given)"
-            else:
-                weights = f"{format_bytes(self.weights_bytes)}, {self.weights_source}"
-                if self.weights_format:
-                    weights += f" as {self.weights_format}"
-                elif self.weights_dtype:
-                    weights += f" at {self.weights_dtype}"
-            rows += [
-                ("VRAM", f"{format_bytes(self.vram_bytes)} x {self.gpu_memory_utilization}"),
-                ("weights", weights),
-            ]
-            if self.load_peak_bytes:
-                load = "yes" if self.fits_to_load else "NO"
-                rows.append(("load peak", f"{format_bytes(self.load_peak_bytes)} (fits: {load})"))
-            rows.append(("KV budget", format_bytes(self.kv_budget_bytes)))
-            if self.budget_deficit_bytes:
-                rows.append(("weights overrun", format_bytes(self.budget_deficit_bytes)))
-            rows += [
-                ("blocks in budget", f"{self.num_blocks:,}"),
-                ("tokens in budget", f"{self.max_tokens_in_budget:,}"),
-                ("sequences at context", f"{self.max_sequences_at_context:,}"),
-                ("fits", "yes" if self.fits else "NO"),
-            ]
-        width = max(len(label) for label, _ in rows)
-        return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 
 
 def plan_kv(
