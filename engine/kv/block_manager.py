@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -39,6 +38,7 @@ from engine.kv.allocator import (
     PrefixMatch,
     check_pool_size,
 )
+from engine.kv.block import Block
 from engine.kv.events import (
     BlockCopiedOnWrite,
     BlockEvicted,
@@ -51,18 +51,6 @@ from engine.kv.events import (
     SequenceForked,
 )
 from engine.kv.layout import KVLayout
-
-
-@dataclass
-class Block:
-    block_id: int
-    ref_count: int = 0
-    block_hash: int | None = None
-    # What a hashed block holds: its tokens and its parent block's hash. A hit compares both, so
-    # a hash collision can never serve KV of other tokens or of another position.
-    token_ids: tuple[int, ...] | None = None
-    parent_hash: int | None = None
-    group: int = 0  # the KV group whose layers it holds (while used or cached)
 
 
 def live_from(table: list[int]) -> int:
