@@ -58,6 +58,9 @@ class _Add:
     prompt: str | list[int]
     params: SamplingParams
     stream: RequestStream
+    # A text prompt's tokens, computed off this thread: a long prompt tokenized here would
+    # stall every running stream for as long as it takes.
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -85,8 +88,15 @@ class EngineDriver:
         self._wake = wake or (lambda: None)  # tell the stepping loop there is work
 
     # ---- any thread ----------------------------------------------------------------------
-    def submit(self, request_id: str, prompt, params: SamplingParams, stream: RequestStream):
-        self._commands.put(_Add(request_id, prompt, params, stream))
+    def submit(
+        self,
+        request_id: str,
+        prompt,
+        params: SamplingParams,
+        stream: RequestStream,
+        prompt_token_ids: list[int] | None = None,
+    ):
+        self._commands.put(_Add(request_id, prompt, params, stream, prompt_token_ids))
         self._wake()
 
     def abort(self, request_id: str) -> None:
@@ -125,7 +135,12 @@ class EngineDriver:
     def _apply(self, command, finished: list[RequestOutput]) -> None:
         if isinstance(command, _Add):
             try:
-                self.engine.add_request(command.request_id, command.prompt, command.params)
+                self.engine.add_request(
+                    command.request_id,
+                    command.prompt,
+                    command.params,
+                    prompt_token_ids=command.prompt_token_ids,
+                )
             except ValueError as e:  # the prompt or its parameters: the client's 400
                 command.stream.put(e)
                 return

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from app.request_ids import api_request_id
 from app.serve.engine_loop import Accepted, RequestStream
 from app.serve.errors import APIError
+from app.serve.prompt_work import render_off_loop, tokenize_off_loop
 from app.serve.protocol import (
     REFUSED_CHAT,
     REFUSED_COMPLETION,
@@ -26,7 +27,12 @@ from app.serve.protocol import (
     TokenizeRequest,
 )
 from app.serve.responses import ResponseBuilder, sse
-from app.serve.sampling import refuse_unsupported, sampling_params, truncated_prompt
+from app.serve.sampling import (
+    refuse_unsupported,
+    sampling_params,
+    truncated_prompt,
+    truncation_keep,
+)
 from app.serve.state import ServerState
 from engine import RequestOutput, SamplingParams
 
@@ -60,10 +66,31 @@ def build_router(state: ServerState) -> APIRouter:
             shown = name if len(name) <= 200 else f"{name[:200]}… ({len(name):,} characters)"
             raise APIError(404, f"The model `{shown}` does not exist.", "model", "model_not_found")
 
-    async def admit(rid, prompt, params: SamplingParams, arrival: float, param: str):
+    async def chat_prompt(messages: list[dict]) -> str:
+        """The chat template's prompt, rendered in the template pool within its budget (a
+        looping or ballooning template fails this request with a 400, nothing else)."""
+        try:
+            prompt = await render_off_loop(state.engine.apply_chat_template, messages)
+        except ValueError as e:
+            raise APIError(400, str(e), "messages") from None
+        return prompt
+
+    async def prompt_ids(body, prompt, param: str):
+        """A text prompt's token ids, from the tokenizing pool (None for a token-id prompt),
+        then truncate_prompt_tokens: the engine thread never tokenizes a served prompt."""
+        truncation_keep(state, body)  # a bad value is refused before the tokenizer runs
+        ids = None
+        if isinstance(prompt, str):
+            try:
+                _text, ids = await tokenize_off_loop(state.engine.tokenize, prompt)
+            except ValueError as e:
+                raise APIError(400, str(e), param) from None
+        return truncated_prompt(state, body, prompt, ids)
+
+    async def admit(rid, prompt, ids, params: SamplingParams, arrival: float, param: str):
         stream = RequestStream(rid, asyncio.get_running_loop())
         state.engine_loop.call(lambda _: state.metrics.track(rid, arrival))
-        state.engine_loop.submit(rid, prompt, params, stream)
+        state.engine_loop.submit(rid, prompt, params, stream, ids)
         first = await stream.get()
         if isinstance(first, Exception):  # a sampling parameter's error names it (ParamError)
             state.engine_loop.call(lambda _: state.metrics.forget(rid))  # nothing to track
@@ -75,7 +102,8 @@ def build_router(state: ServerState) -> APIRouter:
         arrival = time.time()
         rid = api_request_id(client_label(body, request), next(ids))
         param = "messages" if kind == "chat" else "prompt"
-        stream = await admit(rid, prompt, params, arrival, param)
+        prompt, token_ids = await prompt_ids(body, prompt, param)
+        stream = await admit(rid, prompt, token_ids, params, arrival, param)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         builder = ResponseBuilder(kind, f"{prefix}-{rid}", body.model, top_k, state.token_text)
         if body.stream:
@@ -145,10 +173,6 @@ def build_router(state: ServerState) -> APIRouter:
         refuse_unsupported(body, REFUSED_CHAT)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         check_prompt_chars(body, sum(len(m["content"]) for m in messages), "messages")
-        try:
-            prompt = state.engine.apply_chat_template(messages)
-        except ValueError as e:
-            raise APIError(400, str(e), "messages") from None
         top_k = body.top_logprobs or 0
         logprobs = top_k if body.logprobs else None
         if body.top_logprobs and not body.logprobs:
@@ -156,7 +180,9 @@ def build_router(state: ServerState) -> APIRouter:
         params = sampling_params(
             state, body, body.max_completion_tokens or body.max_tokens, logprobs
         )
-        prompt = await truncated_prompt(state, body, prompt, "messages")
+        prompt = await chat_prompt(messages)
+        # What the template added counts too: a prompt that cannot fit is not tokenized.
+        check_prompt_chars(body, len(prompt), "messages")
         return await respond(request, "chat", body, prompt, params, top_k)
 
     @router.post("/v1/completions")
@@ -173,7 +199,6 @@ def build_router(state: ServerState) -> APIRouter:
         if isinstance(prompt, str):
             check_prompt_chars(body, len(prompt), "prompt")
         params = sampling_params(state, body, body.max_tokens, body.logprobs)
-        prompt = await truncated_prompt(state, body, prompt, "prompt")
         return await respond(request, "completion", body, prompt, params, body.logprobs or 0)
 
     @router.post("/tokenize")
@@ -188,16 +213,13 @@ def build_router(state: ServerState) -> APIRouter:
             if not body.add_generation_prompt:
                 raise APIError(400, "add_generation_prompt: false is not supported", "messages")
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            try:
-                text = state.engine.apply_chat_template(messages)
-            except ValueError as e:
-                raise APIError(400, str(e), "messages") from None
+            text = await chat_prompt(messages)
         else:
             text = body.prompt
         try:
             # In a worker thread: a multi-MiB prompt must not hold the event loop (every other
             # client, /health included) for the seconds it takes.
-            _text, ids = await asyncio.to_thread(state.engine.tokenize, text)
+            _text, ids = await tokenize_off_loop(state.engine.tokenize, text)
         except ValueError as e:
             raise APIError(400, str(e), "prompt") from None
         # vLLM's TokenizeResponse: token_strs is null unless asked for, then the tokenizer's

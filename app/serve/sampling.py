@@ -5,8 +5,6 @@ the engine cannot honour (app/serve/protocol.py lists both)."""
 
 from __future__ import annotations
 
-import asyncio
-
 from app.serve.errors import APIError
 from app.serve.protocol import SamplingFields, refused_field
 from app.serve.state import ServerState
@@ -95,15 +93,12 @@ def sampling_params(
     return params
 
 
-async def truncated_prompt(
-    state: ServerState, body: SamplingFields, prompt: str | list[int], param: str
-) -> str | list[int]:
-    """The prompt after truncate_prompt_tokens (vLLM's rule: -1 keeps max_model_len - 1 tokens;
-    the side is truncation_side, else "left", keeping the prompt's end: vLLM's tokenizer
-    registry sets that side for every generating model, whatever the tokenizer's own says)."""
+def truncation_keep(state: ServerState, body: SamplingFields) -> int | None:
+    """How many tokens truncate_prompt_tokens keeps (None: no truncation), or its 400: checked
+    before the prompt costs a tokenizer run."""
     keep = body.truncate_prompt_tokens
     if keep is None:
-        return prompt
+        return None
     limit = state.max_model_len
     if keep > limit:
         raise APIError(
@@ -111,17 +106,25 @@ async def truncated_prompt(
             f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {limit}",
             "truncate_prompt_tokens",
         )
-    if keep < 0:
-        keep = limit - 1
-    ids = prompt
-    if isinstance(prompt, str):
-        # Tokenized in the engine's thread, as add_request would: never on the event loop.
-        future = state.engine_loop.call(lambda engine: engine.tokenize(prompt)[1])
-        try:
-            ids = await asyncio.wrap_future(future)
-        except ValueError as e:
-            raise APIError(400, str(e), param) from None
-    if keep >= len(ids):
-        return prompt
+    return limit - 1 if keep < 0 else keep
+
+
+def truncated_prompt(
+    state: ServerState,
+    body: SamplingFields,
+    prompt: str | list[int],
+    ids: list[int] | None,
+) -> tuple[str | list[int], list[int] | None]:
+    """The prompt after truncate_prompt_tokens (vLLM's rule: -1 keeps max_model_len - 1 tokens;
+    the side is truncation_side, else "left", keeping the prompt's end: vLLM's tokenizer
+    registry sets that side for every generating model, whatever the tokenizer's own says).
+    `ids`: a text prompt's tokens, computed off the event loop by the caller (None for a
+    token-id prompt). Returns the prompt to queue and its ids (None when it is ids itself)."""
+    keep = truncation_keep(state, body)
+    if keep is None:
+        return prompt, ids
+    tokens = prompt if ids is None else ids
+    if keep >= len(tokens):
+        return prompt, ids
     side = body.truncation_side or "left"
-    return list(ids[-keep:] if side == "left" and keep else ids[:keep])
+    return list(tokens[-keep:] if side == "left" and keep else tokens[:keep]), None
