@@ -21,6 +21,7 @@ from engine.kv.events import (
     event_from_json,
     event_to_json,
 )
+from engine.kv.prefix_index import PrefixIndex
 from engine.kv.telemetry import PoolTelemetry
 
 
@@ -178,7 +179,7 @@ def test_allocation_prefers_plain_blocks_then_evicts_least_recently_freed():
 @pytest.fixture
 def colliding(monkeypatch):
     """Every block hashes to the same value: only the stored tokens can tell blocks apart."""
-    monkeypatch.setattr(BlockManager, "hash_block", lambda self, parent, tokens: 42)
+    monkeypatch.setattr(PrefixIndex, "hash_block", lambda self, parent, tokens: 42)
     return _cached_bm(num_blocks=8)
 
 
@@ -197,11 +198,10 @@ def test_hash_collision_never_matches_different_tokens(colliding):
 
 
 def test_hash_collision_never_serves_a_block_at_another_position(colliding):
-    # KNOWN BUG (engine/kv/block_manager.py, match_prefix): a hit compares only the block's own
-    # tokens, not its parent, so under a hash collision a block cached for positions 0-3 is
-    # served for positions 4-7 when those hold the same tokens: its K/V (rotary positions,
-    # attention over another prefix) are wrong there, and here the table even maps the block
-    # twice. Fix: store the parent hash in Block and compare it too on a hit.
+    # A hit compares the block's parent hash as well as its tokens (engine/kv/prefix_index.py,
+    # lookup): under a hash collision a block cached for positions 0-3 must not be served for
+    # positions 4-7 that hold the same tokens, its K/V (rotary positions, attention over another
+    # prefix) are wrong there, and the table would map the block twice.
     bm = colliding
     _admit(bm, 1, [1, 2, 3, 4])
     bm.free(1)

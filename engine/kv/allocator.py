@@ -16,6 +16,14 @@ from typing import Protocol
 NULL_BLOCK = -1
 
 
+def live_from(table: list[int]) -> int:
+    """The first entry of a table that is not NULL (its released prefix ends there)."""
+    start = 0
+    while start < len(table) and table[start] == NULL_BLOCK:
+        start += 1
+    return start
+
+
 class NoFreeBlocksError(RuntimeError):
     """Raised when an allocation is attempted without checking capacity first."""
 

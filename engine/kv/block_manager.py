@@ -11,16 +11,10 @@ group's table gives back, while the sequence runs, the blocks wholly before the 
 next token (`release_outside_window`): their entries become NULL, always a prefix of the table.
 A model whose layers attend alike has one group, and everything below reads as it always did.
 
-Prefix caching: every full block gets a hash chained from its parent's hash and its token ids.
-A freed block keeps its hash ("cached") and can be adopted again by a later sequence with the same
-prefix, until the pool needs the space: plain free blocks are used first, then the least recently
-freed cached block is evicted. Both free lists are insertion-ordered dicts, so taking a block from
-the middle (a cache hit on a free block) and evicting the oldest are O(1). Each group has its own
-hash map (a block holds one group's layers). A prefix hit of n blocks (L = n * block_size tokens)
-is valid when every group has what computing token L onward reads: a full group all n blocks, a
-sliding group of window W the blocks from (L - W + 1) // block_size to n - 1 (vLLM's sliding-window
-rule). A sliding group's block given back early is thus reused only where it is under the new
-sequence's window; the blocks before that start NULL in the new table.
+Prefix caching (the hashes and the hit rule: `engine.kv.prefix_index`): a freed block keeps its
+hash ("cached") for a later sequence with the same prefix until the pool needs the space: plain
+free blocks go first, then the least recently freed cached one is evicted. Both free lists are
+insertion-ordered dicts: a cache hit's take from the middle and an eviction are O(1).
 """
 
 from __future__ import annotations
@@ -28,15 +22,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-import numpy as np
-import xxhash
-
 from engine.kv.allocator import (
     NULL_BLOCK,
     KVAllocator,
     NoFreeBlocksError,
     PrefixMatch,
     check_pool_size,
+    live_from,
 )
 from engine.kv.block import Block
 from engine.kv.events import (
@@ -51,14 +43,7 @@ from engine.kv.events import (
     SequenceForked,
 )
 from engine.kv.layout import KVLayout
-
-
-def live_from(table: list[int]) -> int:
-    """The first entry of a table that is not NULL (its released prefix ends there)."""
-    start = 0
-    while start < len(table) and table[start] == NULL_BLOCK:
-        start += 1
-    return start
+from engine.kv.prefix_index import PrefixIndex
 
 
 class BlockManager(KVAllocator):
@@ -82,12 +67,12 @@ class BlockManager(KVAllocator):
         self.layout = layout or KVLayout.single(1, block_size)
         self.num_groups = self.layout.num_groups
         self.windows = self.layout.windows
-        # Anything that changes what K/V a token produces (model, KV dtype) goes into every hash.
-        self.cache_salt = cache_salt
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free_plain: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._free_cached: OrderedDict[int, None] = OrderedDict()
-        self._hash_maps: list[dict[int, int]] = [{} for _ in range(self.num_groups)]
+        self.prefix_index = PrefixIndex(self.blocks, self.layout, cache_salt)
+        # The index's per-group hash maps, under the name the invariant checks and tests use.
+        self._hash_maps = self.prefix_index.maps
         # seq_id -> one table per group, each [physical block or NULL_BLOCK per logical block]
         self.group_tables: dict[int, list[list[int]]] = {}
         self._hashes: dict[int, list[int]] = {}  # seq_id -> hashes of its full, computed blocks
@@ -174,63 +159,12 @@ class BlockManager(KVAllocator):
         return needed + len(self._shared_at(seq_id, write_from)) <= self.num_free_blocks
 
     # ---- prefix cache --------------------------------------------------------------------
-    def hash_block(self, parent: int | None, token_ids: Sequence[int]) -> int:
-        h = xxhash.xxh3_64(self.cache_salt)
-        h.update(b"root" if parent is None else parent.to_bytes(8, "little"))
-        h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
-        return h.intdigest()
-
-    def _cached(self, group: int, h: int, tokens: tuple[int, ...], parent: int | None) -> int:
-        """The group's block holding exactly this prefix block, or NULL_BLOCK."""
-        block_id = self._hash_maps[group].get(h)
-        if block_id is None:
-            return NULL_BLOCK
-        block = self.blocks[block_id]
-        if block.token_ids != tokens or block.parent_hash != parent:
-            return NULL_BLOCK
-        return block_id
-
     def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
-        """The longest cached prefix of `token_ids` that every group can resume from (see the
-        module docstring for the rule).
-
-        At most (len - 1) // block_size blocks: the last token is always computed, so the
-        request has logits to sample from and never writes into a shared cached block."""
+        """The longest cached prefix of `token_ids` that every group can resume from
+        (`PrefixIndex.match`); nothing while prefix caching is off."""
         if not self.enable_prefix_caching:
             return PrefixMatch([], [])
-        bs = self.block_size
-        hashes: list[int] = []
-        found: list[list[int]] = [[] for _ in range(self.num_groups)]
-        parent = None
-        full = [g for g, w in enumerate(self.windows) if w is None]
-        for i in range((len(token_ids) - 1) // bs):
-            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            h = self.hash_block(parent, tokens)
-            row = [self._cached(g, h, tokens, parent) for g in range(self.num_groups)]
-            if any(row[g] == NULL_BLOCK for g in full):
-                break  # a full group needs every block: no longer prefix can be valid
-            hashes.append(h)
-            for g, block_id in enumerate(row):
-                found[g].append(block_id)
-            # With only sliding groups a block missing everywhere does not end the search: the
-            # window of a longer prefix may lie wholly past it.
-            parent = h
-        n = len(hashes)
-        while n > 0 and not self._resumable(found, n):
-            n -= 1
-        groups = []
-        for g in range(self.num_groups):
-            first = self.layout.first_needed_block(g, n * bs)
-            groups.append([NULL_BLOCK] * first + found[g][first:n])
-        return PrefixMatch(groups[0], hashes[:n], tuple(groups))
-
-    def _resumable(self, found: list[list[int]], n: int) -> bool:
-        """Every group holds what computing on from block n reads."""
-        for g in range(self.num_groups):
-            first = self.layout.first_needed_block(g, n * self.block_size)
-            if any(b == NULL_BLOCK for b in found[g][first:n]):
-                return False
-        return True
+        return self.prefix_index.match(token_ids)
 
     def can_adopt(self, match: PrefixMatch, total_tokens: int) -> bool:
         """Room for a new sequence that starts with `match` and needs `total_tokens` slots."""
@@ -276,17 +210,13 @@ class BlockManager(KVAllocator):
         for i in range(len(hashes), num_computed // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             parent = hashes[-1] if hashes else None
-            h = self.hash_block(parent, tokens)
+            h = self.prefix_index.hash_block(parent, tokens)
             hashes.append(h)
             for g, table in enumerate(tables):
                 if table[i] == NULL_BLOCK:
                     continue  # already given back by its window
                 block = self.blocks[table[i]]
-                # The first block to hold a prefix owns its hash; a twin computed concurrently
-                # by another sequence simply stays uncached.
-                if block.block_hash is None and h not in self._hash_maps[g]:
-                    block.block_hash, block.token_ids, block.parent_hash = h, tokens, parent
-                    self._hash_maps[g][h] = block.block_id
+                if self.prefix_index.add(g, block, h, tokens, parent):
                     newly_hashed.append(block.block_id)
         if newly_hashed:
             self.events.emit(BlocksHashed, seq_id=seq_id, blocks=tuple(newly_hashed))
@@ -300,8 +230,7 @@ class BlockManager(KVAllocator):
         else:
             block_id, _ = self._free_cached.popitem(last=False)  # least recently freed
             block = self.blocks[block_id]
-            del self._hash_maps[block.group][block.block_hash]
-            block.block_hash = block.token_ids = block.parent_hash = None
+            self.prefix_index.drop(block)
             self._num_evictions += 1
             self.events.emit(BlockEvicted, block=block_id)
         block.group = group
