@@ -98,7 +98,9 @@ def test_ordinary_templates_render_byte_identical_to_transformers(tokenizer, nam
         expected = _transformers(tokenizer, template, messages)
         assert _ours(tokenizer, template, messages) == expected
     skipped = [{"role": "user", "content": "skip me"}, {"role": "user", "content": "kept"}]
-    assert _ours(tokenizer, LLAMA3_STYLE, skipped) == _transformers(tokenizer, LLAMA3_STYLE, skipped)
+    assert _ours(tokenizer, LLAMA3_STYLE, skipped) == _transformers(
+        tokenizer, LLAMA3_STYLE, skipped
+    )
 
 
 def test_a_template_that_refuses_fails_as_transformers_does(tokenizer):
@@ -112,9 +114,7 @@ def test_a_template_that_refuses_fails_as_transformers_does(tokenizer):
         _ours(tokenizer, LLAMA3_STYLE, [{"role": "tool", "content": "x"}])
 
 
-NESTED_LOOP = (
-    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
-)
+NESTED_LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 CONCAT_LOOP = (
     "{% set ns = namespace(s='x') %}"
     "{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}"
