@@ -35,9 +35,11 @@ def test_a_short_soak_holds_its_invariants(tmp_path):
     assert totals["polite_sent"] > 0 and totals["polite_lost"] == 0
     assert end["running"] == 0 and end["waiting"] == 0 and end["kv_blocks_used"] == 0
     assert end["server_answering"]
-    # Every hostile kind was tried, and a sound server answers each as expected.
+    # The hostile round was under way (20 s may not reach its heavy last requests), and a sound
+    # server answers each as expected.
     hostile = report["hostile_by_action"]
-    assert {"dropped stream", "impatient whole request", "body over 4 MiB"} <= set(hostile)
+    assert {"dropped stream", "impatient whole request", "huge max_tokens"} <= set(hostile)
+    assert all(row["as_expected"] == row["sent"] for row in hostile.values()), hostile
     assert totals["hostile_sent"] > 0 and totals["server_errors_5xx"] == 0
     # RSS over time, from /proc, for the server and for this side.
     samples = report["samples"]

@@ -80,6 +80,9 @@ def refused_requests(model: str) -> list[tuple[str, str, bytes, tuple[int, ...]]
         ("3.9 M-character prompt", "/v1/completions",
          _json({"model": model, "prompt": "word " * (BIG_PROMPT_CHARS // 5), "max_tokens": 4}),
          (400,)),
+        # Tokenized off the event loop or refused: either way the others must stay served.
+        ("3.9 M characters to /tokenize", "/tokenize",
+         _json({"prompt": "word " * (BIG_PROMPT_CHARS // 5)}), (200, 400)),
         ("body over 4 MiB", "/v1/completions",
          _json({"model": model, "prompt": "x" * BIG_BODY}), (413,)),
     ]  # fmt: skip

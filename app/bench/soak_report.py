@@ -43,7 +43,10 @@ def rss_summary(values: list[float | None]) -> dict:
 def by_action(hostile: list[HostileResult]) -> dict:
     out: dict[str, dict] = {}
     for r in hostile:
-        row = out.setdefault(r.action, {"sent": 0, "as_expected": 0, "unexpected": []})
+        # "answer": the first reply seen, so a report says what "as expected" was (a 200 or a 400)
+        row = out.setdefault(
+            r.action, {"sent": 0, "as_expected": 0, "answer": r.detail, "unexpected": []}
+        )
         row["sent"] += 1
         row["as_expected"] += r.expected
         if not r.expected and len(row["unexpected"]) < 3:
