@@ -215,6 +215,9 @@ class ReplicaMonitor:
 
     # ---- the GUI's side ------------------------------------------------------------------
     def snapshot(self) -> ReplicaSnapshot:
+        # The copy replaced is freed when this frame ends, after the lock is let go: under a
+        # flood it holds the only reference to every block evicted since (tens of ms to free).
+        retired = self._copy  # noqa: F841
         with self._turn, self._lock:
             if self._copy is None or self._copy_version != self._cache.version:
                 self._copy = self._cache.copy()
