@@ -32,6 +32,12 @@ def test_stop_strings_are_bounded_in_count_and_length(server):
         reply = _post(server, "/v1/completions", base | {"stop": stop})
         assert reply.status_code == 400, reply.text
         assert reply.json()["error"]["param"].startswith("stop")
+    # The message names the bound broken, not the union branch that did not match.
+    too_many = _post(server, "/v1/completions", base | {"stop": ["a"] * 250})
+    assert f"at most {MAX_STOP_STRINGS} items" in too_many.json()["error"]["message"]
+    as_bools = _post(server, "/v1/completions", base | {"prompt": [True, 1]})
+    assert as_bools.status_code == 400
+    assert "should be string, list of strings, list of integers" in as_bools.text
     ok = _post(server, "/v1/completions", base | {"stop": ["a"] * MAX_STOP_STRINGS})
     assert ok.status_code == 200, ok.text
 
@@ -97,6 +103,14 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(server):
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge[:4_000_000]}]}),
         ):
             reply = _post(server, path, {"model": server.model_name, "max_tokens": 2} | body)
+            assert reply.status_code == 400, reply.text
+            assert "characters: more than 256 tokens" in reply.json()["error"]["message"]
+        # /tokenize counts only what could be sent: the same bound, before its tokenizer runs.
+        for body in (
+            {"prompt": huge[:3_900_000]},
+            {"messages": [{"role": "user", "content": huge[:4_000_000]}]},
+        ):
+            reply = _post(server, "/tokenize", body)
             assert reply.status_code == 400, reply.text
             assert "characters: more than 256 tokens" in reply.json()["error"]["message"]
         assert all(n < 100_000 for n in seen), seen  # none of them reached the tokenizer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,6 +44,24 @@ def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(error_body(err.status, err.message, err.param, err.code), err.status)
 
 
+_BRANCH_TAG = re.compile(r"[\[\]-]|^(str|int|float|bool|dict|list|none)$")
+
+
+def _is_branch_tag(part) -> bool:
+    """pydantic names a union's branches in the error's loc ('list[constrained-str]')."""
+    return isinstance(part, str) and bool(_BRANCH_TAG.search(part))
+
+
+def _type_name(tag: str) -> str:
+    """'list[constrained-int]' -> 'list of integers', for a message a client can act on."""
+    tag = tag.replace("constrained-", "")
+    if tag.startswith("list[") and tag.endswith("]"):
+        inner = _type_name(tag[5:-1])
+        plural = "lists" + inner[4:] if inner.startswith("list of") else inner + "s"
+        return "list of " + plural
+    return {"str": "string", "int": "integer", "bool": "boolean", "float": "number"}.get(tag, tag)
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
@@ -50,14 +69,29 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}".strip(), None
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # A union's every branch fails: the branch whose type matched broke a bound (250 stop
+    # strings: "at most 4 items"), and that is the message worth sending; if none matched,
+    # the message lists the types the field takes.
+    field = first.get("loc", ())[:2]
+    same = [e for e in errors if tuple(e.get("loc", ()))[:2] == tuple(field)]
+    matched = [e for e in same if not e.get("type", "").endswith("_type")]
+    chosen = matched[0] if matched else first
+    loc = [str(p) for p in chosen.get("loc", ()) if p != "body" and not _is_branch_tag(p)]
     param = ".".join(loc) or None
     got = first.get("input")
     try:
         shown = json.dumps(got)[:80]
     except (TypeError, ValueError):
         shown = repr(got)[:80]
-    return f"{param or 'body'}: {first.get('msg', 'invalid')} (got {shown})", param
+    message = chosen.get("msg", "invalid")
+    tags = [p for e in same for p in e.get("loc", ()) if _is_branch_tag(p)]
+    if not matched and len(same) > 1 and tags:
+        kinds = list(dict.fromkeys(_type_name(t) for t in tags))
+        message = "should be " + (
+            " or ".join(kinds) if len(kinds) < 3 else ", ".join(kinds[:-1]) + " or " + kinds[-1]
+        )
+        param = ".".join(str(p) for p in field if p != "body" and not _is_branch_tag(p)) or None
+    return f"{param or 'body'}: {message} (got {shown})", param
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -53,7 +53,10 @@ def build_router(state: ServerState) -> APIRouter:
     def check_prompt_chars(body, chars: int, param: str) -> None:
         """Refuse a prompt that cannot fit before it costs a tokenizer or template run: a
         4 MiB prompt refused anyway used to stall every stream while it was tokenized."""
-        if chars > state.max_prompt_chars and body.truncate_prompt_tokens is None:
+        # /tokenize too: what it counts could never be sent, and a 3.9 M-character count cost
+        # the server 400 MB it kept.
+        truncating = getattr(body, "truncate_prompt_tokens", None) is not None
+        if chars > state.max_prompt_chars and not truncating:
             raise APIError(
                 400,
                 f"the prompt is {chars:,} characters: more than {state.max_model_len:,} tokens "
@@ -213,9 +216,12 @@ def build_router(state: ServerState) -> APIRouter:
             if not body.add_generation_prompt:
                 raise APIError(400, "add_generation_prompt: false is not supported", "messages")
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            check_prompt_chars(body, sum(len(m["content"]) for m in messages), "messages")
             text = await chat_prompt(messages)
+            check_prompt_chars(body, len(text), "messages")
         else:
             text = body.prompt
+            check_prompt_chars(body, len(text), "prompt")
         try:
             # In a worker thread: a multi-MiB prompt must not hold the event loop (every other
             # client, /health included) for the seconds it takes.
