@@ -275,6 +275,16 @@ def run_load(host, port, model, settings: ServeBenchSettings, api_key: str | Non
     }
 
 
+def _stop_server(proc: subprocess.Popen) -> None:
+    """Ctrl-C, as a user stops `kvscope serve` (it finishes its step); killed after 60 s."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -334,12 +344,7 @@ def run_serve_bench(args: argparse.Namespace) -> int:
             "kv_blocks_total": after.get("kvscope_kv_blocks_total"),
         }
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop_server(proc)
     report["machine"] = machine_info()
     settings.out.mkdir(parents=True, exist_ok=True)
     path = settings.out / "bench_serve.json"

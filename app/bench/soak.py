@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import signal
 import subprocess
 import threading
 import time
@@ -27,7 +26,13 @@ from app.bench.hostile_clients import HostileResult, SlowSockets, hostile_action
 from app.bench.hostile_peer import HostilePeer
 from app.bench.machine import machine_info
 from app.bench.polite_clients import KINDS, POLITE_TIMEOUT_S, PoliteResult, polite_request
-from app.bench.serve_bench import SERVER_START_TIMEOUT_S, _free_port, _scrape, _wait_until_up
+from app.bench.serve_bench import (
+    SERVER_START_TIMEOUT_S,
+    _free_port,
+    _scrape,
+    _stop_server,
+    _wait_until_up,
+)
 from app.bench.soak_report import (
     broken_invariants,
     by_action,
@@ -157,12 +162,7 @@ class Soak:
                 model = _wait_until_up(proc, self.port, SERVER_START_TIMEOUT_S)
                 report = self._drive(proc, model)
             finally:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                _stop_server(proc)
         report["server_log"] = log_figures(log_path)
         report["server_exit_status"] = proc.returncode
         return report
