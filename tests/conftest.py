@@ -23,7 +23,16 @@ os.environ.setdefault(
 )
 
 
+import file_order  # noqa: E402
 import pytest  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    file_order.configure(config)  # xdist: the longest files first (tests/file_order.py)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    file_order.modify_items(config, items)
 
 
 def _share_the_cores_between_xdist_workers() -> None:
@@ -88,8 +97,8 @@ def make_window(qtbot, default_model, tmp_path):
 
     Keyword arguments set engine knobs (block_size=32) or sampling (max_tokens=4). Waits until
     the engine is up."""
-    from app.settings import AppSettings, EngineSettings, SamplingSettings
-    from app.window import MainWindow
+    from app.core.settings import AppSettings, EngineSettings, SamplingSettings
+    from app.desktop.window import MainWindow
 
     engine_keys = {f for f in EngineSettings.__dataclass_fields__}
     windows = []

@@ -1,0 +1,136 @@
+"""Test files handed to the xdist workers longest first, so that the two finish together.
+
+`make test` runs whole files per worker (`--dist loadfile`). pytest-xdist hands the files out in
+collection order, which it first sorts by how many tests each file has: a file of a few slow
+tests (the benchmarks, a real window, a server switch) then starts last, and one worker runs it
+alone while the other has nothing left. Longest processing time first keeps that tail short:
+the controller orders the files by their seconds, from the last complete run of each file
+(pytest's cache, which the controller updates at the end of every run) or else the figures in
+`SEED_SECONDS` (measured on the 2-core machine), and hands the order to every worker, so all of
+them collect the same order even while another run rewrites the cache. A file of unknown cost
+counts `UNKNOWN_SECONDS_PER_TEST` per test. A serial run keeps pytest's own order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+CACHE_KEY = "kvscope/file_seconds"
+ORDER_KEY = "kvscope_file_order"  # in each xdist worker's workerinput
+UNKNOWN_SECONDS_PER_TEST = 1.0
+# Seconds per file, one worker of `make test` on the 2-core machine (setup, call and teardown of
+# every test; a file's first use of the session-scoped model loads included). Only the order
+# matters: a rough figure in the right place is enough, and the cache replaces it after a run.
+SEED_SECONDS: dict[str, float] = {}
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _seconds(config: pytest.Config) -> dict[str, float]:
+    cached = config.cache.get(CACHE_KEY, {}) if getattr(config, "cache", None) else {}
+    return {**SEED_SECONDS, **cached}
+
+
+def longest_first(files_and_counts: dict[str, int], seconds: dict[str, float]) -> list[str]:
+    """The files, longest first; ties (and unknown files of one size) keep their given order."""
+
+    def cost(item: tuple[int, str]) -> float:
+        index, name = item
+        return seconds.get(name, files_and_counts[name] * UNKNOWN_SECONDS_PER_TEST)
+
+    ranked = sorted(enumerate(files_and_counts), key=lambda item: (-cost(item), item[0]))
+    return [name for _, name in ranked]
+
+
+class FileOrder:
+    """The controller side: the order for the workers, and each file's seconds for the cache."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.seconds = _seconds(config)
+        self.collected: dict[str, set[str]] = {}
+        self.reported: dict[str, set[str]] = defaultdict(set)
+        self.spent: dict[str, float] = defaultdict(float)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        # The order itself is decided in the workers, from the items they collect; what they
+        # need is the same figures, read once here.
+        node.workerinput[ORDER_KEY] = self.seconds
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        self._collected(ids)
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self._collected([item.nodeid for item in items])  # a serial run: nothing reordered
+
+    def _collected(self, ids: list[str]) -> None:
+        if self.collected:
+            return
+        for nodeid in ids:
+            self.collected.setdefault(_file_of(nodeid), set()).add(nodeid)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        name = _file_of(report.nodeid)
+        self.spent[name] += report.duration
+        self.reported[name].add(report.nodeid)
+
+    def pytest_sessionfinish(self) -> None:
+        cache = getattr(self.config, "cache", None)
+        if cache is None:
+            return
+        if not _whole_files(self.config):
+            return  # a part of a file is no figure for the file
+        # Only files whose every collected test ran (not one cut short by -x or a crash).
+        complete = {
+            name: round(self.spent[name], 1)
+            for name, ids in self.collected.items()
+            if ids and ids <= self.reported[name]
+        }
+        if complete:
+            cache.set(CACHE_KEY, {**cache.get(CACHE_KEY, {}), **complete})
+
+
+def _whole_files(config: pytest.Config) -> bool:
+    """Whether the run selects whole files: no -k, -m, --deselect, --lf, --sw, no test ids."""
+    option = config.option
+    narrowed = ("keyword", "markexpr", "deselect", "lf", "stepwise")
+    if any(getattr(option, name, None) for name in narrowed):
+        return False
+    return not any("::" in arg for arg in config.args)
+
+
+def reorder(items: list[pytest.Item], seconds: dict[str, float]) -> None:
+    """Sort `items` in place by file, longest file first; each file's own order kept."""
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(_file_of(item.nodeid), []).append(item)
+    counts = {name: len(file_items) for name, file_items in by_file.items()}
+    items[:] = [item for name in longest_first(counts, seconds) for item in by_file[name]]
+
+
+def configure(config: pytest.Config) -> None:
+    """Register the controller's side, or remember a worker's figures for its collection."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        config.pluginmanager.register(FileOrder(config), "kvscope-file-order")
+        if hasattr(config.option, "loadscopereorder"):
+            # xdist would sort the workers' collection by test count again: keep ours.
+            config.option.loadscopereorder = False
+    elif ORDER_KEY in workerinput:
+        config.stash[_WORKER_SECONDS] = workerinput[ORDER_KEY]
+
+
+_WORKER_SECONDS = pytest.StashKey[dict]()
+
+
+def modify_items(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker: the files longest first (the controller hands them out in order)."""
+    seconds = config.stash.get(_WORKER_SECONDS, None)
+    if seconds is not None:
+        reorder(items, seconds)
