@@ -22,7 +22,7 @@ def main() -> int:
     multiprocessing.freeze_support()
     if getattr(sys, "frozen", False):
         _prepare_frozen_runtime()
-    from app.cli import main as cli_main
+    from app.cli.main import main as cli_main
 
     return cli_main()
 

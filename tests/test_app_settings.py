@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.settings import (
+from app.core.settings import (
     DEFAULT_CPU_KV_MIB,
     DEFAULT_MAX_MODEL_LEN,
     AppSettings,
@@ -248,8 +248,8 @@ def default_model_source(window):
 def test_the_model_picker_lists_gguf_files_found_on_this_computer(qtbot, tmp_path, monkeypatch):
     from tiny_models import make_quant_gguf
 
-    from app.found_models import format_size
-    from app.model_discovery import remember_model
+    from app.core.found_models import format_size
+    from app.core.model_discovery import remember_model
 
     models = tmp_path / "home" / ".lmstudio" / "models" / "someone" / "Tiny-GGUF"
     models.mkdir(parents=True)

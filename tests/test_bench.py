@@ -88,7 +88,7 @@ def short_agent_workload(tmp_path):
     """The bundled agent workload cut to ~400 system-prompt tokens (25 blocks of 16, 1387 in
     full) and three questions: the same shared-prefix and fork shapes at a quarter of the
     prefill work. `kvscope bench` measures the full one."""
-    from app.paths import ASSETS_DIR
+    from app.core.paths import ASSETS_DIR
 
     workload = json.loads((ASSETS_DIR / "chat_mixed.json").read_text())
     agent = workload["agent"]

@@ -7,7 +7,7 @@ import kernels
 from app.bench.gpu_device import call_timer, datasheet_bandwidth
 from app.bench.gpu_engine import engine_decode_point, random_prompts
 from app.bench.gpu_kernels import kernel_checks, kernel_point
-from app.cli import main
+from app.cli.main import main
 from engine import LLM, SamplingParams
 from engine.bench.contiguous_sdpa import ContiguousSdpaBaseline
 

@@ -17,7 +17,7 @@ from app.bench.hostile_peer import HostilePeer
 from app.bench.soak import SoakSettings
 from app.bench.soak_report import broken_invariants
 from app.bench.soak_watch import PeerWatch
-from app.cli import main
+from app.cli.main import main
 
 
 @pytest.mark.slow

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from app import request_ids
-from app.blockmap import colors, raster
-from app.blockmap.legend import KEY_ITEMS, key_pixmaps
-from app.blockmap.traffic import TrafficCounter, read_memory
+from app.core import request_ids
+from app.desktop.blockmap import colors, raster
+from app.desktop.blockmap.legend import KEY_ITEMS, key_pixmaps
+from app.desktop.blockmap.traffic import TrafficCounter, read_memory
 from engine.kv.snapshot import BlockState, KVSnapshot, PoolMetrics, SequenceInfo, free_runs
 
 BS = 16
@@ -243,7 +243,7 @@ def big_snapshot(n: int = 100_000, seqs: int = 400) -> KVSnapshot:
 def test_100k_block_build_time(qtbot):
     """Prints the RGBA build + setImage (+ QImage conversion) time for a 100k-block pool at the
     cell size a 900 x 700 view picks; no timing assert (timings live in `kvscope bench`)."""
-    from app.blockmap.block_map import BlockMapView
+    from app.desktop.blockmap.block_map import BlockMapView
 
     view = BlockMapView()
     qtbot.addWidget(view)
@@ -268,7 +268,7 @@ def test_100k_block_build_time(qtbot):
 
 
 def test_hover_card_and_block_info(qtbot):
-    from app.blockmap import BlockMapPanel
+    from app.desktop.blockmap import BlockMapPanel
 
     panel = BlockMapPanel()
     qtbot.addWidget(panel)
@@ -300,7 +300,7 @@ def test_hover_card_and_block_info(qtbot):
 
 
 def test_clicks_and_legend_select_sequences(qtbot):
-    from app.blockmap import BlockMapPanel
+    from app.desktop.blockmap import BlockMapPanel
 
     panel = BlockMapPanel()
     qtbot.addWidget(panel)
@@ -331,7 +331,7 @@ def shadow_pool() -> KVSnapshot:
 
 
 def test_shadow_view_caption_and_metrics(qtbot):
-    from app.blockmap import BlockMapPanel
+    from app.desktop.blockmap import BlockMapPanel
 
     panel = BlockMapPanel()
     qtbot.addWidget(panel)
@@ -385,7 +385,7 @@ def test_tokens_per_second_from_snapshot_deltas():
 
 
 def test_time_plots_keep_a_two_minute_window(qtbot):
-    from app.blockmap.time_plots import WINDOW_S, TimePlots
+    from app.desktop.blockmap.time_plots import WINDOW_S, TimePlots
 
     plots = TimePlots()
     qtbot.addWidget(plots)

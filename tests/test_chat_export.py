@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-import app.chat.conversation_list as conversation_list
-from app.chat.conversation_list import ConversationList
-from app.chat.export import EXPORT_VERSION, export_chat, suggested_file_name
-from app.chat.store import ChatStore
+import app.desktop.chat.conversation_list as conversation_list
+from app.core.chat_store import ChatStore
+from app.desktop.chat.conversation_list import ConversationList
+from app.desktop.chat.export import EXPORT_VERSION, export_chat, suggested_file_name
 
 
 @pytest.fixture()

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from app import terminal
-from app.cli import build_parser
+from app.cli import terminal
+from app.cli.main import build_parser
 
 
 def _args(argv):
@@ -70,7 +70,7 @@ def test_demo_window_saves_a_screenshot(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The demo chats are real conversations, stored like any other.
-    from app.chat.store import ChatStore
+    from app.core.chat_store import ChatStore
 
     store = ChatStore(tmp_path / "chats.sqlite3")
     chats = store.conversations()

@@ -84,7 +84,7 @@ def fuzz_renderer(examples: str) -> None:
     from PySide6.QtGui import QTextDocument
     from PySide6.QtWidgets import QApplication
 
-    from app.chat.markdown_view import MarkdownView
+    from app.desktop.chat.markdown_view import MarkdownView
 
     app = QApplication.instance() or QApplication([])
     view = MarkdownView()

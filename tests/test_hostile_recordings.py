@@ -163,7 +163,7 @@ def test_table_padding_is_bounded_across_sequences(tmp_path, monkeypatch):
 
 
 def test_the_cli_prints_the_error_and_exits_2(tmp_path, capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     path = write(tmp_path / "twice.jsonl", HEADER, ADD, ALLOC, STEP, FREE, FREE)
     assert main(["replay", str(path)]) == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from app import replay_view
+from app.desktop import replay_view
 from engine.kv.events import FORMAT_VERSION
 
 TIMEOUT_MS = 120_000

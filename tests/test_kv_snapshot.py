@@ -257,7 +257,7 @@ def test_the_telemetry_handles_every_event_kind():
 
 
 def test_record_and_replay_from_the_command_line(tmp_path, capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     path = tmp_path / "events.jsonl"
     args = ["record", str(path), "--num-requests", "2", "--max-tokens-cap", "3"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_models import make_tiny_gguf, make_tiny_model
 
-from app.cli import main
+from app.cli.main import main
 from engine import LLM
 from engine.config import KV_DTYPES
 from engine.model.gguf_file import read_gguf

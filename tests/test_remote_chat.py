@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from served import start_server
 
-from app.chat.store import _MIGRATIONS, SCHEMA_VERSION, ChatStore, RemoteTarget
+from app.core.chat_store import _MIGRATIONS, SCHEMA_VERSION, ChatStore, RemoteTarget
 from app.remote.connection import parse_connection
 from app.remote.openai_http import ChatDelta, OpenAIHttp, RemoteError, _chat_deltas, _error_text
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.cli import build_parser, connections_from_args, main
+from app.cli.main import build_parser, connections_from_args, main
 from app.remote.connection import parse_connection
 
 

@@ -425,7 +425,7 @@ def test_cache_config_info_names_block_size_and_hash(server):
 
 
 def test_serve_flags_default_to_this_machine_only():
-    from app.cli import build_parser
+    from app.cli.main import build_parser
 
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.api_key, args.kv_events) == ("127.0.0.1", 8000, None, None)

@@ -10,9 +10,7 @@ import math
 
 import pytest
 
-from app.blockmap.glossary import TERMS
-from app.blockmap.traffic import TrafficCounter
-from app.loadgen import (
+from app.core.loadgen import (
     PROMPT_SLACK,
     TEMPLATE_TOKENS,
     LoadGenerator,
@@ -21,7 +19,9 @@ from app.loadgen import (
     fit_to_context,
     preemption_demo,
 )
-from app.pool_fit import naive_sequences, naive_warning
+from app.core.pool_fit import naive_sequences, naive_warning
+from app.desktop.blockmap.glossary import TERMS
+from app.desktop.blockmap.traffic import TrafficCounter
 from tests.test_blockmap import Seq, make_snapshot
 
 
@@ -51,8 +51,8 @@ def load_requests(llm, spec: LoadSpec, until_s: float = 5.0) -> LoadGenerator:
 
 
 def engine_info(llm):
-    from app.engine_messages import EngineInfo
-    from app.settings import EngineSettings
+    from app.core.engine_messages import EngineInfo
+    from app.core.settings import EngineSettings
 
     return EngineInfo.of(llm, EngineSettings(device="cpu", dtype="float32"))
 
@@ -62,7 +62,7 @@ def engine_info(llm):
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
 def test_the_default_pool_holds_several_full_contexts(kv_dtype):
-    from app.settings import AppSettings
+    from app.core.settings import AppSettings
     from engine import planner
 
     es = AppSettings().engine
@@ -77,9 +77,9 @@ def test_the_issue_s_pool_warns_everywhere(qtbot, default_model):
     """364 blocks at the model's own 8,192: one naive reservation takes the whole pool."""
     from dataclasses import replace
 
-    from app.blockmap import BlockMapPanel
-    from app.settings import AppSettings, EngineSettings, SettingsDialog
-    from app.status_bar import EngineStatusBar
+    from app.core.settings import AppSettings, EngineSettings, SettingsDialog
+    from app.desktop.blockmap import BlockMapPanel
+    from app.desktop.status_bar import EngineStatusBar
 
     warning = naive_warning(364, 16, 8192)
     assert "364 of 364 blocks" in warning and "1 sequence at a time" in warning
@@ -143,8 +143,8 @@ def test_tokens_per_second_never_reads_zero_between_slow_steps():
 
 
 def test_contiguous_engine_tiles_and_status_bar_agree(qtbot, default_model):
-    from app.blockmap import BlockMapPanel
-    from app.status_bar import EngineStatusBar
+    from app.desktop.blockmap import BlockMapPanel
+    from app.desktop.status_bar import EngineStatusBar
 
     llm = make_llm(default_model, num_kv_blocks=24, max_model_len=128, allocator="contiguous")
     for i in range(3):
@@ -168,7 +168,7 @@ def test_contiguous_engine_tiles_and_status_bar_agree(qtbot, default_model):
 
 
 def test_an_empty_pool_shows_no_share_and_no_holes(qtbot, default_model):
-    from app.blockmap import BlockMapPanel
+    from app.desktop.blockmap import BlockMapPanel
 
     llm = make_llm(default_model, num_kv_blocks=20, max_model_len=64)
     panel = BlockMapPanel()
@@ -184,7 +184,7 @@ def test_an_empty_pool_shows_no_share_and_no_holes(qtbot, default_model):
 
 
 def test_the_memory_plot_starts_at_zero(qtbot):
-    from app.blockmap.time_plots import TimePlots
+    from app.desktop.blockmap.time_plots import TimePlots
 
     plots = TimePlots()
     qtbot.addWidget(plots)
@@ -198,7 +198,7 @@ def test_the_memory_plot_starts_at_zero(qtbot):
 
 
 def test_load_progress_and_status_bar_tell_running_from_waiting(qtbot, default_model):
-    from app.status_bar import EngineStatusBar
+    from app.desktop.status_bar import EngineStatusBar
 
     llm = make_llm(default_model, num_kv_blocks=64, max_model_len=256, max_num_seqs=3)
     spec = LoadSpec(
@@ -246,7 +246,7 @@ def test_default_load_unfitted_would_be_refused(default_model):
 
 
 def test_the_preemption_preset_preempts_on_a_small_pool(qtbot, default_model):
-    from app.loadgen_panel import LoadGeneratorPanel
+    from app.desktop.loadgen_panel import LoadGeneratorPanel
 
     llm = make_llm(default_model, num_kv_blocks=8, max_model_len=128)
     panel = LoadGeneratorPanel()
@@ -270,7 +270,7 @@ def test_the_preemption_preset_preempts_on_a_small_pool(qtbot, default_model):
 
 
 def test_a_shared_system_prompt_block_names_its_chats(qtbot, default_model):
-    from app.blockmap import BlockMapPanel
+    from app.desktop.blockmap import BlockMapPanel
     from engine.kv.snapshot import BlockState
 
     llm = make_llm(default_model, num_kv_blocks=48, max_model_len=256)
@@ -295,7 +295,7 @@ def test_a_shared_system_prompt_block_names_its_chats(qtbot, default_model):
 
 
 def test_each_term_has_a_tooltip(qtbot):
-    from app.blockmap import BlockMapPanel
+    from app.desktop.blockmap import BlockMapPanel
 
     panel = BlockMapPanel()
     qtbot.addWidget(panel)
@@ -308,7 +308,7 @@ def test_each_term_has_a_tooltip(qtbot):
 
 
 def test_the_hover_card_is_a_window_of_its_own_inside_the_screen(qtbot):
-    from app.blockmap import BlockMapPanel
+    from app.desktop.blockmap import BlockMapPanel
     from tests.test_blockmap import small_pool
 
     panel = BlockMapPanel()

@@ -8,12 +8,12 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication, QKeySequence
 from PySide6.QtWidgets import QApplication, QMessageBox
 
-import app.theme as theme_module
-import app.window as window_module
-from app.chat import conversation_list
-from app.paths import ASSETS_DIR
-from app.settings import AppSettings, SettingsDialog
-from app.theme import resolve_theme
+import app.desktop.theme as theme_module
+import app.desktop.window as window_module
+from app.core.paths import ASSETS_DIR
+from app.core.settings import AppSettings, SettingsDialog
+from app.desktop.chat import conversation_list
+from app.desktop.theme import resolve_theme
 
 YES, NO = QMessageBox.StandardButton.Yes, QMessageBox.StandardButton.No
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QPoint, QRect
 
-from app.map_column import PLOT_MIN_HEIGHT
+from app.desktop.map_column import PLOT_MIN_HEIGHT
 
 SMALL = (1024, 700)  # a 1024x768 screen less a panel and the title bar
 DEFAULT = (1400, 860)

@@ -73,7 +73,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return 0
     if getattr(args, "sliding", False):
         from app.bench.sliding_bench import run_and_plot, summarize_sliding
-        from app.paths import cache_dir
+        from app.core.paths import cache_dir
 
         out = Path(args.out)
         report = run_and_plot(out, cache_dir() / "bench-sliding", args.sliding_tokens)
@@ -90,7 +90,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_serve_bench(args)
     if getattr(args, "models", False):
         from app.bench.models_bench import run_models_bench
-        from app.paths import cache_dir
+        from app.core.paths import cache_dir
 
         run_models_bench(Path(args.out), cache_dir() / "bench-models")
         print(f"  wrote {Path(args.out) / 'bench_models.json'} and bench_models.png")

@@ -31,7 +31,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.bench.machine import machine_info
-from app.paths import ASSETS_DIR
+from app.core.paths import ASSETS_DIR
 
 REQUEST_TIMEOUT_S = 300.0
 SERVER_START_TIMEOUT_S = 300.0  # loading the model on a busy machine
@@ -293,7 +293,7 @@ def _free_port() -> int:
 
 def server_command(args: argparse.Namespace, port: int, clients: int) -> list[str]:
     """`kvscope serve` with the bench's engine flags, every client fitting in one batch."""
-    from app.cli import engine_knobs
+    from app.cli.main import engine_knobs
 
     cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     for f in engine_knobs():

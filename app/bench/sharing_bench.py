@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.paths import ASSETS_DIR
+from app.core.paths import ASSETS_DIR
 from engine import LLM, BeamSearchParams, SamplingParams
 from engine.model.loader import LoadedModel
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.context_fit import reply_reserve
-from app.engine_messages import ContextUsage, ReplyUpdate
+from app.core.context_fit import reply_reserve
+from app.core.engine_messages import ContextUsage, ReplyUpdate
 from app.remote.connection import Connection
 from app.remote.openai_http import ChatDelta, OpenAIHttp, RemoteError
 

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app.request_ids import api_request_id
+from app.core.request_ids import api_request_id
 from app.serve.engine_loop import Accepted, RequestStream
 from app.serve.errors import APIError
 from app.serve.prompt_work import render_off_loop, tokenize_off_loop

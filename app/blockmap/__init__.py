@@ -1,5 +1,0 @@
-"""The block map: the engine's physical KV block pool drawn live, next to the naive allocator."""
-
-from app.blockmap.panel import BlockMapPanel
-
-__all__ = ["BlockMapPanel"]

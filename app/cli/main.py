@@ -1,0 +1,341 @@
+"""The `kvscope` entry point: the window by default, or a terminal subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import typing
+from dataclasses import Field
+
+from app.remote.block_hashes import ALGOS, DEFAULT_ALGO
+from engine.config import KNOB, QUANTIZATIONS, EngineConfig, user_knobs
+
+
+def engine_knobs() -> list[Field]:
+    """EngineConfig's fields that `generate`, `chat` and `record` take as flags."""
+    return [f for f in user_knobs() if f.metadata[KNOB].cli]
+
+
+def _engine_args(p: argparse.ArgumentParser, skip=()) -> None:
+    hints = typing.get_type_hints(EngineConfig)
+    for f in engine_knobs():
+        knob = f.metadata[KNOB]
+        if "--" + f.name.replace("_", "-") in skip:
+            continue
+        p.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=_flag_type(hints[f.name]),
+            default=f.default,
+            choices=knob.choices or None,
+            help=knob.help,
+        )
+
+
+def _flag_type(hint: object) -> type:
+    """int for `int | None`; str for a string or a path."""
+    kinds = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
+    return kinds[0] if len(kinds) == 1 else str
+
+
+# SamplingParams fields the terminal commands take, as (type, default): greedy unless told.
+SAMPLING_FLAGS = {
+    "max_tokens": (int, 256),
+    "temperature": (float, 0.0),
+    "top_p": (float, 1.0),
+    "top_k": (int, -1),
+    "seed": (int, None),
+}
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    for name, (kind, default) in SAMPLING_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default)
+
+
+def _byte_count(text: str) -> int:
+    from engine.planner import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", default=None, help="GGUF, HF folder or config.json (default: bundled model)"
+    )
+    p.add_argument("--layers", type=int, default=None, help="instead of --model, with the next two")
+    p.add_argument("--kv-heads", type=int, default=None)
+    p.add_argument("--head-dim", type=int, default=None)
+    p.add_argument("--dtype", default="fp16", help="KV dtype: fp32, bf16, fp16 or fp8")
+    p.add_argument("--context", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--batch", type=int, default=1, help="sequences at that context")
+    p.add_argument("--vram", type=_byte_count, default=None, help="e.g. 24GiB, 80GB, 8589934592")
+    p.add_argument("--weights", type=_byte_count, default=None, help="default: from --model")
+    p.add_argument("--weights-dtype", default=None, help="of the estimate (default: --dtype)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--quantization",
+        default="auto",
+        choices=QUANTIZATIONS,
+        help="how the engine would keep the weights (auto: a GGUF's own quantization)",
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from engine.planner import plan_kv
+
+    try:
+        plan = plan_kv(
+            args.model,
+            num_layers=args.layers,
+            num_kv_heads=args.kv_heads,
+            head_dim=args.head_dim,
+            dtype=args.dtype,
+            context=args.context,
+            batch=args.batch,
+            block_size=args.block_size,
+            vram_bytes=args.vram,
+            weights_bytes=args.weights,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            weights_dtype=args.weights_dtype,
+            quantization=args.quantization,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.table())
+    return 0
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' (or KVSCOPE_API_KEY)"
+    )
+    p.add_argument("--served-model-name", default=None, help="default: the model file's name")
+    p.add_argument(
+        "--kv-events", default=None, metavar="ENDPOINT", help="publish vLLM KV events (ZMQ PUB)"
+    )
+    p.add_argument(
+        "--kv-events-replay", default=None, metavar="ENDPOINT", help="ZMQ ROUTER for missed events"
+    )
+    p.add_argument("--kv-events-topic", default="", help="ZMQ topic of the KV events")
+    p.add_argument(
+        "--kv-events-encoding",
+        default="map",
+        choices=("map", "array"),
+        help="events as maps (vLLM 0.33's layout) or positional arrays (older vLLM's)",
+    )
+    p.add_argument(
+        "--prefix-caching-hash-algo",
+        default=DEFAULT_ALGO,
+        choices=ALGOS,
+        help="the block hashes the KV events carry, computed as vLLM's option of this name does",
+    )
+    _engine_args(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvscope", description="Chat with a local LLM and watch its KV cache."
+    )
+    parser.add_argument("--demo", type=int, default=None, metavar="N", help="run N demo chats")
+    parser.add_argument("--screenshot", default=None, metavar="PNG", help="save the window")
+    remote = parser.add_argument_group(
+        "remote servers", "watch and chat with OpenAI-compatible servers (vLLM, kvscope serve)"
+    )
+    remote.add_argument(
+        "--connect", action="append", default=[], metavar="URL", help="e.g. http://host:8000"
+    )
+    remote.add_argument(
+        "--kv-events",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="the server's KV events (ZMQ PUB, e.g. tcp://host:5557), in --connect order",
+    )
+    remote.add_argument(
+        "--kv-replay",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="its replay socket (ZMQ ROUTER), in --connect order",
+    )
+    remote.add_argument(
+        "--api-key", action="append", default=[], help="one for all, or one per --connect"
+    )
+    sub = parser.add_subparsers(dest="command")
+    gen = sub.add_parser("generate", help="complete one prompt and print it")
+    gen.add_argument("prompt")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    _engine_args(gen)
+    _sampling_args(gen)
+    chat = sub.add_parser("chat", help="a streaming chat in the terminal")
+    chat.add_argument("--system", default=None, help="system prompt")
+    _engine_args(chat)
+    _sampling_args(chat)
+    bench = sub.add_parser("bench", help="benchmark the engine against HF transformers")
+    bench.add_argument("--out", default="bench_out", help="folder for JSON + PNG")
+    bench.add_argument("--num-requests", type=int, default=None)
+    bench.add_argument("--workload", default=None, help="workload JSON (default: bundled)")
+    bench.add_argument("--max-tokens-cap", type=int, default=None, help="shorten every request")
+    bench.add_argument(
+        "--hf-batch-size", type=int, default=None, help="HF static batch size (default: all)"
+    )
+    bench.add_argument(
+        "--hf-sequential", type=int, default=4, metavar="N", help="requests HF runs one by one"
+    )
+    bench.add_argument("--decode-steps", type=int, default=64, help="timed batch-1 decode steps")
+    bench.add_argument("--skip-hf", action="store_true", help="only our engine and the roofline")
+    bench.add_argument(
+        "--models",
+        action="store_true",
+        help="instead: load synthetic 1.1B/3B Q4_K_M GGUFs kept quantized and dequantized "
+        "(bench_models.json)",
+    )
+    bench.add_argument(
+        "--skip-sharing", action="store_true", help="skip the prefix-cache and forking figures"
+    )
+    bench.add_argument(
+        "--skip-allocators", action="store_true", help="skip the paged vs contiguous comparison"
+    )
+    bench.add_argument(
+        "--gpu",
+        action="store_true",
+        help="instead: Triton decode kernel + engine decode vs SDPA on a CUDA GPU (bench_gpu.json)",
+    )
+    bench.add_argument(
+        "--serve",
+        action="store_true",
+        help="instead: concurrent streaming clients against `kvscope serve` (bench_serve.json)",
+    )
+    bench.add_argument("--clients", type=int, default=64, help="--serve: concurrent clients")
+    bench.add_argument(
+        "--serve-requests",
+        type=int,
+        default=None,
+        help="--serve: total requests (default 2x clients)",
+    )
+    bench.add_argument("--serve-seconds", type=float, default=120.0, help="--serve: time bound")
+    bench.add_argument("--serve-max-tokens", type=int, default=32, help="--serve: tokens per reply")
+    bench.add_argument(
+        "--soak",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="instead: well-behaved and hostile clients against `kvscope serve` and a hostile "
+        "peer against the remote view for MINUTES; RSS, losses, latency (bench_soak.json)",
+    )
+    bench.add_argument("--json", default=None, help="--soak: write the report here instead")
+    bench.add_argument(
+        "--threads",
+        action="store_true",
+        help="instead: batch-1 decode at each thread count, quiet and with one core busy "
+        "(bench_threads.json)",
+    )
+    bench.add_argument(
+        "--peer",
+        default=None,
+        choices=("llama.cpp",),
+        help="instead: batch-1 greedy decode of the same GGUF against this peer, alternating "
+        "(bench_peer.json; llama-cpp-python must be installed)",
+    )
+    bench.add_argument(
+        "--num-threads", type=int, default=None, help="threads for --peer (default: ours)"
+    )
+    bench.add_argument(
+        "--sliding",
+        action="store_true",
+        help="instead: KV blocks held vs tokens for one long generation on tiny sliding-window "
+        "models, windows honoured and ignored (bench_sliding.json)",
+    )
+    bench.add_argument(
+        "--sliding-tokens", type=int, default=4000, help="--sliding: tokens to generate"
+    )
+    # The engine knobs for --serve, but for flags bench already has (their value serves both).
+    _engine_args(bench.add_argument_group("engine of --serve"), skip=bench._option_string_actions)
+    _plan_args(sub.add_parser("plan", help="KV-cache memory arithmetic, no weights loaded"))
+    _serve_args(sub.add_parser("serve", help="an OpenAI-compatible server on this machine"))
+    record = sub.add_parser("record", help="run chat requests and save the KV events to a file")
+    record.add_argument("out", help="events file (JSON lines)")
+    record.add_argument("--num-requests", type=int, default=8)
+    record.add_argument("--max-tokens-cap", type=int, default=64)
+    _engine_args(record)
+    replay = sub.add_parser("replay", help="replay a recorded KV event file, step by step")
+    replay.add_argument("events", help="file written by `kvscope record` or the app")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in ("generate", "chat"):
+        from app.cli import terminal
+
+        return terminal.run(args)
+    if args.command == "plan":
+        return _run_plan(args)
+    if args.command in ("record", "replay"):
+        from app.cli import recording
+
+        return recording.run(args)
+    if args.command == "serve":
+        from app.serve.server import run as run_server
+
+        return run_server(args)
+    if args.command == "bench":
+        from app.bench.run import run_bench
+
+        return run_bench(args)
+    if args.screenshot and not os.environ.get("DISPLAY") and sys.platform.startswith("linux"):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    try:
+        connections = connections_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from app.desktop.window import run_window
+
+    return run_window(demo=args.demo, screenshot=args.screenshot, connections=connections)
+
+
+def connections_from_args(args) -> list:
+    """--connect URL ... with --kv-events / --kv-replay / --api-key paired by order."""
+    from app.remote.connection import ConnectionSpecError, parse_connection
+
+    urls = args.connect
+    for flag, values in (("--kv-events", args.kv_events), ("--kv-replay", args.kv_replay)):
+        if len(values) > len(urls):
+            raise ConnectionSpecError(f"{len(values)} {flag} for {len(urls)} --connect")
+    keys = args.api_key
+    if len(keys) not in (0, 1, len(urls)):
+        raise ConnectionSpecError(
+            f"{len(keys)} --api-key for {len(urls)} --connect: give 1 or each"
+        )
+    env_key = os.environ.get("KVSCOPE_API_KEY", "")
+    found = []
+    for i, url in enumerate(urls):
+        key = keys[i] if len(keys) == len(urls) else (keys[0] if keys else env_key)
+        found.append(
+            parse_connection(
+                url,
+                kv_events=args.kv_events[i] if i < len(args.kv_events) else None,
+                kv_replay=args.kv_replay[i] if i < len(args.kv_replay) else None,
+                api_key=key,
+            )
+        )
+    labels = [c.label for c in found]
+    if len(set(labels)) != len(labels):
+        raise ConnectionSpecError(f"the same server is given twice: {labels}")
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(main())

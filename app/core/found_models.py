@@ -1,0 +1,138 @@
+"""FoundModelsList: the GGUF files already on this computer, as a list to pick from.
+
+The folder walk and the header reads (~0.1 s each) run on a background thread, so the settings
+dialog opens at once; rows appear when the walk ends and their name and quantization fill in
+as each header is read. Header reads stop after a time budget: the rest keep their file name.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtWidgets import (
+    QHeaderView,
+    QLabel,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core import model_discovery
+from app.core.model_discovery import FoundModel, ModelSummary
+
+DESCRIBE_BUDGET_S = 8.0
+COLUMNS = ("Name", "Size", "Quantization", "Found in")
+PATH_ROLE = Qt.ItemDataRole.UserRole
+
+
+def format_size(n: int) -> str:
+    for unit, scale, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 0), ("KiB", 2**10, 0)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return f"{n} B"
+
+
+class _ScanReports(QObject):
+    """Carries the scan thread's results to the GUI thread (queued: it lives there)."""
+
+    found = Signal(object)  # list[FoundModel]
+    described = Signal(int, object)  # row, ModelSummary
+
+
+class FoundModelsList(QWidget):
+    model_chosen = Signal(str)  # the path of the row the user picked
+
+    def __init__(
+        self,
+        discover: Callable[[], list[FoundModel]],
+        note: str = "",
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.tree = QTreeWidget(objectName="foundModels")
+        self.tree.setHeaderLabels(COLUMNS)
+        self.tree.setRootIsDecorated(False)
+        self.tree.setMinimumHeight(90)
+        self.tree.setMaximumHeight(170)
+        # The dialog's model column is narrow: the name gives way (its tooltip is the path).
+        self.tree.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.tree.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        header = self.tree.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for column in range(1, len(COLUMNS)):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        self.status = QLabel("Looking for GGUF files…", wordWrap=True, objectName="hintText")
+        self._note = note
+        self.scan_done = False
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(QLabel("GGUF files on this computer"))
+        layout.addWidget(self.tree, 1)
+        layout.addWidget(self.status)
+        self.tree.itemActivated.connect(self._chosen)
+        self.tree.itemClicked.connect(self._chosen)
+        self._reports = _ScanReports()
+        self._reports.found.connect(self._show_found)
+        self._reports.described.connect(self._show_summary)
+        reports = self._reports  # the thread keeps it alive, not the (maybe closed) widget
+        threading.Thread(
+            target=_scan, args=(discover, reports), name="kvscope-model-scan", daemon=True
+        ).start()
+
+    def paths(self) -> list[str]:
+        return [
+            self.tree.topLevelItem(i).data(0, PATH_ROLE)
+            for i in range(self.tree.topLevelItemCount())
+        ]
+
+    def _show_found(self, models: list[FoundModel]) -> None:
+        for model in models:
+            item = QTreeWidgetItem(
+                [model.path.name, format_size(model.size_bytes), "…", model.source]
+            )
+            item.setData(0, PATH_ROLE, str(model.path))
+            item.setToolTip(0, str(model.path))
+            self.tree.addTopLevelItem(item)
+        where = "the LM Studio, GPT4All and Jan folders, ~/models and recent models"
+        line = f"{len(models)} found in {where}." if models else f"None found in {where}."
+        self.status.setText(" ".join(part for part in (line, self._note) if part))
+
+    def _show_summary(self, row: int, summary: ModelSummary | None) -> None:
+        if summary is None:  # the header budget ran out, or the scan ended
+            self.scan_done = True
+            for i in range(self.tree.topLevelItemCount()):
+                item = self.tree.topLevelItem(i)
+                if item.text(2) == "…":
+                    item.setText(2, "")
+            return
+        item = self.tree.topLevelItem(row)
+        if item is None:
+            return
+        item.setText(0, summary.name)
+        item.setText(2, summary.quantization or ("unreadable" if summary.error else ""))
+        if summary.error:
+            item.setToolTip(2, summary.error)
+
+    def _chosen(self, item: QTreeWidgetItem, _column: int = 0) -> None:
+        self.model_chosen.emit(item.data(0, PATH_ROLE))
+
+
+def _scan(discover: Callable[[], list[FoundModel]], reports: _ScanReports) -> None:
+    """The scan thread: walk, report the files, then read their headers one by one."""
+    try:
+        models = discover()
+    except Exception:  # a scan is a convenience: an unexpected failure lists nothing
+        models = []
+    reports.found.emit(models)
+    deadline = time.monotonic() + DESCRIBE_BUDGET_S
+    for row, model in enumerate(models):
+        if time.monotonic() > deadline:
+            break
+        reports.described.emit(row, model_discovery.describe(Path(model.path)))
+    reports.described.emit(-1, None)

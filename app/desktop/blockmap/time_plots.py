@@ -1,0 +1,133 @@
+"""TimePlots: rolling two-minute pyqtgraph plots of the pool, paged next to naive."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QWidget
+
+from app.desktop.blockmap import colors
+from app.desktop.blockmap.plot_title import style_rolling_plot
+
+WINDOW_S = 120.0
+REDRAW_S = 0.5  # samples come ~10 times a second; a two-minute plot needs far fewer redraws
+CAPACITY = 4096  # samples kept (about 6 minutes at 10 Hz); trimmed by time when drawing
+GREEN, RED, GREY = "#2BB673", "#E8354F", "#A9B0BD"
+DASH = Qt.PenStyle.DashLine
+
+# (title, y unit, fixed y range or the least top of a range from 0, [(series key, legend name,
+# colour, pen style)]). Free ranges start at 0 too: autoscaling to the data's own span made a
+# 0.0001 GiB wobble in memory look like a jump.
+PLOTS = (
+    (
+        "KV held",
+        "%",
+        (0, 100),
+        [
+            ("paged_held", "paged", colors.PAGED_HEX, None),
+            ("naive_held", "naive", colors.NAIVE_HEX, None),
+        ],
+    ),
+    (
+        "Useful-slot share",
+        "%",
+        (0, 100),
+        [
+            ("paged_useful", "paged", colors.PAGED_HEX, None),
+            ("naive_useful", "naive", colors.NAIVE_HEX, None),
+        ],
+    ),
+    (
+        "Sequences",
+        "",
+        4.0,
+        [
+            ("running", "run", GREEN, None),
+            ("waiting", "wait", colors.PAGED_HEX, None),
+            ("preempted", "preempt", RED, None),
+            ("naive_waiting", "naive wait", colors.NAIVE_HEX, DASH),
+        ],
+    ),
+    ("Tokens / s", "", 10.0, [("tokens_per_s", "generated", colors.PAGED_HEX, None)]),
+    ("Prefix hit rate (10 s)", "%", (0, 100), [("prefix_hit", "hits", GREEN, None)]),
+    (
+        "Memory",
+        "GiB",
+        0.5,
+        [("mem_used", "used", GREY, None), ("mem_process", "this process", colors.PAGED_HEX, None)],
+    ),
+)
+SERIES = tuple(key for _t, _u, _r, series in PLOTS for key, *_ in series)
+HEADROOM = 1.15  # a free range's top above its largest value
+
+
+def _title(title: str, unit: str, series: list) -> str:
+    # Sizes inside the spans: LabelItem's own size attribute does not reach styled spans.
+    names = " ".join(
+        f"<span style='color:{c}; font-size:7pt'>■ {name}</span>" for _k, name, c, _s in series
+    )
+    unit = f" ({unit})" if unit else ""
+    return f"<span style='color:#C9CED6; font-size:8pt'>{title}{unit}</span>&nbsp;{names}"
+
+
+class TimePlots(pg.GraphicsLayoutWidget):
+    def __init__(self, parent: QWidget | None = None, columns: int = 3) -> None:
+        super().__init__(parent, show=False)
+        self.setBackground(colors.BACKGROUND_HEX)
+        self._t = np.zeros(CAPACITY)
+        self._v = np.full((CAPACITY, len(SERIES)), np.nan)
+        self._n = 0
+        self._drawn_at = -math.inf
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        for i, (title, unit, y_range, series) in enumerate(PLOTS):
+            if i and i % columns == 0:
+                self.nextRow()
+            plot = self.addPlot(title=_title(title, unit, series))
+            plot.titleLabel.setAttr("size", "8pt")
+            # A long title wraps rather than widening the plots or overlapping its neighbour.
+            style_rolling_plot(plot, WINDOW_S, y_range)
+            if isinstance(y_range, tuple):
+                ticks = [(v, f"{v:g}") for v in np.linspace(*y_range, 3)]
+                plot.getAxis("left").setTicks([ticks, []])
+                plot.getAxis("left").setStyle(hideOverlappingLabels=False)
+            plot.getAxis("left").setWidth(36)
+            for key, _name, color, style in series:
+                pen = pg.mkPen(color, width=1.6, style=style or Qt.PenStyle.SolidLine)
+                self.curves[key] = plot.plot(pen=pen, connect="finite")
+                self.curves[key].setClipToView(True)
+        self.plots = [self.getItem(i // columns, i % columns) for i in range(len(PLOTS))]
+
+    def add_sample(self, t: float, values: dict[str, float]) -> None:
+        """Append one sample (missing or None values are gaps) and redraw."""
+        if self._n == CAPACITY:
+            keep = CAPACITY // 2
+            self._t[:keep] = self._t[-keep:]
+            self._v[:keep] = self._v[-keep:]
+            self._n = keep
+        self._t[self._n] = t
+        row = [values.get(k) for k in SERIES]
+        self._v[self._n] = [math.nan if v is None else float(v) for v in row]
+        self._n += 1
+        if t - self._drawn_at >= REDRAW_S or t < self._drawn_at:
+            self.redraw()
+
+    def redraw(self) -> None:
+        for key, curve in self.curves.items():
+            curve.setData(*self.series(key))
+        for plot, (_title, _unit, y_range, series) in zip(self.plots, PLOTS, strict=True):
+            if not isinstance(y_range, tuple):
+                values = np.concatenate([self.series(key)[1] for key, *_ in series])
+                top = np.nanmax(values) if np.isfinite(values).any() else 0.0
+                plot.setYRange(0, max(float(top) * HEADROOM, y_range), padding=0)
+        self._drawn_at = self._t[self._n - 1] if self._n else -math.inf
+
+    def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds before the newest sample, values) of one series inside the window."""
+        t, v = self._t[: self._n], self._v[: self._n, SERIES.index(key)]
+        if not self._n:
+            return t, v
+        start = np.searchsorted(t, t[-1] - WINDOW_S)
+        return t[start:] - t[-1], v[start:]

@@ -1,0 +1,134 @@
+"""MarkdownView: one message's text as rendered markdown, and what a click on a link may do.
+
+The text is untrusted, so the view loads no resource (see app.desktop.chat.markdown) and a link
+opens only through `open_link`: http(s) only, and only after the user says yes. Each code block
+has a Copy button on its header line that puts the code, as written, on the clipboard.
+"""
+
+from __future__ import annotations
+
+import math
+
+from PySide6.QtCore import Qt, QTimer, QUrl
+from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtWidgets import (
+    QFrame,
+    QMessageBox,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QWidget,
+)
+
+from app.desktop.chat.code_blocks import code_blocks
+from app.desktop.chat.markdown import SafeDocument, render_markdown
+
+LINK_SCHEMES = ("http", "https")
+
+
+def open_link(url: QUrl) -> bool:
+    """Open an http(s) link in the browser once the user agrees; anything else is refused.
+    Returns whether it was opened."""
+    scheme = url.scheme().lower()
+    shown = url.toString()
+    if scheme not in LINK_SCHEMES:
+        QMessageBox.information(
+            None,
+            "Link not opened",
+            f"KVScope opens only http and https links from chats.\n\n{shown}",
+        )
+        return False
+    answer = QMessageBox.question(None, "Open link?", f"Open this link in your browser?\n\n{shown}")
+    if answer != QMessageBox.StandardButton.Yes:
+        return False
+    return QDesktopServices.openUrl(url)
+
+
+class MarkdownView(QTextBrowser):
+    """A read-only markdown block as tall as its text: the scroll area around it scrolls."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        # A click never navigates the bubble (a file:// link would replace it with the file) and
+        # never goes straight to the OS: `open_link` asks first, and only for http(s).
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.anchorClicked.connect(open_link)
+        self.setDocument(SafeDocument(self))
+        self.setFrameShape(QFrame.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.document().setDocumentMargin(2)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        self._markdown = ""
+        self._copy_buttons: list[CopyCodeButton] = []
+
+    def set_markdown(self, text: str) -> None:
+        if text != self._markdown:
+            self._markdown = text
+            render_markdown(self.document(), text)
+            self._update_copy_buttons()
+
+    def copy_buttons(self) -> list[CopyCodeButton]:
+        """One per code block, in order."""
+        return list(self._copy_buttons)
+
+    def markdown(self) -> str:
+        return self._markdown
+
+    def loadResource(self, kind: int, url: QUrl):  # noqa: N802 (Qt's name)
+        """Chat content loads nothing: no file, no network, whatever the markdown says."""
+        return None
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._place_copy_buttons()
+
+    def _fit(self, size) -> None:
+        self.setFixedHeight(math.ceil(size.height()) + 2 * self.frameWidth())
+        self._place_copy_buttons()
+
+    def _update_copy_buttons(self) -> None:
+        """Buttons are kept across renders (a streaming reply re-renders many times a second)."""
+        blocks = code_blocks(self.document(), self._markdown)
+        while len(self._copy_buttons) > len(blocks):
+            self._copy_buttons.pop().deleteLater()
+        while len(self._copy_buttons) < len(blocks):
+            button = CopyCodeButton(self.viewport())
+            button.show()
+            self._copy_buttons.append(button)
+        for button, block in zip(self._copy_buttons, blocks, strict=True):
+            button.code = block.code
+        self._place_copy_buttons()
+
+    def _place_copy_buttons(self) -> None:
+        layout = self.document().documentLayout()
+        for button, block in zip(
+            self._copy_buttons, code_blocks(self.document(), self._markdown), strict=False
+        ):
+            rect = layout.blockBoundingRect(block.header)
+            button.setFixedHeight(max(14, int(rect.height())))
+            x = int(rect.right()) - button.width() - 2
+            button.move(max(0, x), int(rect.top()))
+
+
+class CopyCodeButton(QToolButton):
+    """Copies one code block's text; says "Copied" for a moment after."""
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__(parent, text="Copy", objectName="bubbleAction")
+        self.setToolTip("Copy this code")
+        self.setCursor(Qt.PointingHandCursor)
+        self.code = ""
+        self.setText("Copied")  # the wider label: the button never changes width
+        self.setFixedWidth(self.sizeHint().width())
+        self.setText("Copy")
+        self._reset = QTimer(self, singleShot=True, interval=1500)
+        self._reset.timeout.connect(lambda: self.setText("Copy"))
+        self.clicked.connect(self._copy)
+
+    def _copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.code)
+        self.setText("Copied")
+        self._reset.start()

@@ -1,0 +1,128 @@
+"""MessageBubble: one message of a chat (who, status, the n-sample switcher, actions, metrics).
+
+The bubble draws what it is given; edits, regeneration and switching samples go out as signals.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+
+from app.desktop.chat.markdown_view import MarkdownView
+
+
+def format_metrics(metrics: dict, selected: int = 0, samples: int = 1) -> str:
+    """'TTFT 0.42 s · 12.3 tok/s · prompt 35 tok (16 cached) · 24 tok' from a reply's metrics.
+
+    For a reply of `samples` > 1 samples the token count and the finish are those of sample
+    `selected`, the one shown; the rate is the request's, over all its samples. A reply from a
+    remote server names it ("via gpu-box:8000 · model") and its TTFT is measured here, network
+    included."""
+    parts = [f"via {metrics['served_by']}"] if metrics.get("served_by") else []
+    if metrics.get("ttft_s") is not None:
+        parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
+    if metrics.get("tokens_per_s") is not None:
+        over = f" (all {samples} samples)" if samples > 1 else ""
+        parts.append(f"{metrics['tokens_per_s']:.1f} tok/s{over}")
+    if "prompt_tokens" in metrics:
+        parts.append(
+            f"prompt {metrics['prompt_tokens']} tok ({metrics.get('cached_tokens', 0)} cached)"
+        )
+    per_sample = metrics.get("sample_tokens") or []
+    if samples > 1 and 0 <= selected < len(per_sample):
+        parts.append(f"{per_sample[selected]} tok")
+    elif "generated_tokens" in metrics:
+        # A reply stored before per-sample counts were kept: only the total is known.
+        over = f" over {samples} samples" if samples > 1 else ""
+        parts.append(f"{metrics['generated_tokens']} tok{over}")
+    if metrics.get("dropped_turns"):
+        parts.append(f"{metrics['dropped_turns']} oldest turn(s) left out to fit")
+    reasons = metrics.get("finish_reasons") or []
+    finish = reasons[selected] if 0 <= selected < len(reasons) else metrics.get("finish_reason")
+    if finish == "length":
+        parts.append("hit max tokens")
+    return " · ".join(parts)
+
+
+class MessageBubble(QFrame):
+    edit_requested = Signal(int)  # message id
+    regenerate_requested = Signal()
+    alternative_selected = Signal(int, int)  # message id (-1 while streaming), index
+
+    def __init__(self, role: str, message_id: int | None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.role = role
+        self.message_id = message_id
+        self.setObjectName("userBubble" if role == "user" else "assistantBubble")
+        self.who = QLabel("You" if role == "user" else "Assistant", objectName="bubbleRole")
+        self.status = QLabel(objectName="bubbleStatus")
+        self.prev_alt = QToolButton(text="‹", objectName="altButton")
+        self.alt_label = QLabel(objectName="altLabel")
+        self.next_alt = QToolButton(text="›", objectName="altButton")
+        self.copy = QToolButton(text="Copy", objectName="bubbleAction")
+        self.edit = QToolButton(text="Edit", objectName="bubbleAction")
+        self.regenerate = QToolButton(text="Regenerate", objectName="bubbleAction")
+        self.body = MarkdownView()
+        self.metrics = QLabel(objectName="bubbleMetrics", wordWrap=True)
+        header = QHBoxLayout()
+        header.setSpacing(6)
+        for w in (self.who, self.status):
+            header.addWidget(w)
+        header.addStretch(1)
+        for w in (self.prev_alt, self.alt_label, self.next_alt, self.copy, self.edit):
+            header.addWidget(w)
+        header.addWidget(self.regenerate)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 8)
+        layout.setSpacing(4)
+        layout.addLayout(header)
+        layout.addWidget(self.body)
+        layout.addWidget(self.metrics)
+        self._alternatives: list[str] = []
+        self._selected = 0
+        self.edit.setVisible(role == "user" and message_id is not None)
+        self.regenerate.setVisible(False)
+        self.copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.body.markdown()))
+        self.edit.clicked.connect(lambda: self.edit_requested.emit(self.message_id))
+        self.regenerate.clicked.connect(self.regenerate_requested)
+        self.prev_alt.clicked.connect(lambda: self._step_alternative(-1))
+        self.next_alt.clicked.connect(lambda: self._step_alternative(1))
+
+    def set_content(
+        self,
+        text: str,
+        status: str = "complete",
+        alternatives: list[str] | None = None,
+        selected: int = 0,
+        metrics: dict | None = None,
+    ) -> None:
+        self._alternatives = list(alternatives or [])
+        self._selected = selected
+        shown = self._alternatives[selected] if self._alternatives else text
+        self.body.set_markdown(shown or ("…" if status == "generating" else ""))
+        labels = {"stopped": "stopped", "error": "error", "generating": "generating…"}
+        self.status.setText(labels.get(status, ""))
+        self.status.setProperty("state", status)
+        many = len(self._alternatives) > 1
+        for w in (self.prev_alt, self.alt_label, self.next_alt):
+            w.setVisible(many)
+        if many:
+            self.alt_label.setText(f"{selected + 1}/{len(self._alternatives)}")
+            self.prev_alt.setEnabled(selected > 0)
+            self.next_alt.setEnabled(selected < len(self._alternatives) - 1)
+        samples = max(1, len(self._alternatives))
+        self.metrics.setText(format_metrics(metrics or {}, selected, samples))
+        self.metrics.setVisible(bool(metrics))
+
+    def set_editable(self, on: bool) -> None:
+        self.edit.setEnabled(on)
+
+    def set_regenerable(self, on: bool) -> None:
+        self.regenerate.setVisible(on)
+
+    def _step_alternative(self, delta: int) -> None:
+        index = self._selected + delta
+        if 0 <= index < len(self._alternatives):
+            mid = self.message_id if self.message_id is not None else -1
+            self.alternative_selected.emit(mid, index)

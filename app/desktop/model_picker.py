@@ -1,0 +1,211 @@
+"""ModelPicker: choose the bundled model, a GGUF file or an HF folder, and see what it costs.
+
+It reads only the model's headers (a GGUF header or config.json and safetensors headers, no
+weights) and asks the planner what the chosen engine settings give: the weights in the form the
+engine will keep them (format, bytes, the load peak, against the memory that is free), KV bytes
+per token, blocks and tokens in the pool. Below the path it lists the GGUF files already on
+this computer (app/core/found_models.py), so a model from LM Studio or GPT4All is one click away.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core import model_discovery, paths
+from app.core.found_models import FoundModelsList
+from app.core.pool_fit import prediction_line
+from engine import planner
+from engine.model.model_config import ModelConfig
+from engine.weight_fit import count_parameters, resolve_for_weights, weight_fit
+
+SOURCES = ("Bundled SmolLM2-135M-Instruct", "GGUF file", "HF model folder")
+
+
+def format_count(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+class ModelPicker(QGroupBox):
+    model_changed = Signal()
+
+    def __init__(self, model: str | None, parent: QWidget | None = None) -> None:
+        super().__init__("Model", parent)
+        self.source = QComboBox()
+        self.source.addItems(SOURCES)
+        self.path = QLineEdit(placeholderText="path to a .gguf file or an HF model folder")
+        self.browse = QPushButton("Browse…")
+        self.info = QLabel(wordWrap=True, objectName="modelInfo")
+        self.prediction = QLabel(wordWrap=True, objectName="modelPrediction")
+        self.error = QLabel(wordWrap=True, objectName="errorText")
+        self._config: ModelConfig | None = None
+        self._header: tuple[dict, dict] | None = None  # weight shapes and stored kinds
+        note = model_discovery.OLLAMA_NOTE if model_discovery.ollama_present() else ""
+        self.found = FoundModelsList(lambda: model_discovery.discover(paths.data_dir()), note=note)
+
+        row = QHBoxLayout()
+        row.addWidget(self.path, 1)
+        row.addWidget(self.browse)
+        form = QFormLayout()
+        form.addRow("Source", self.source)
+        form.addRow("Path", row)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.found)
+        layout.addWidget(self.info)
+        layout.addWidget(self.prediction)
+        layout.addWidget(self.error)
+        layout.addStretch(1)
+
+        if model:
+            self.source.setCurrentIndex(1 if str(model).lower().endswith(".gguf") else 2)
+            self.path.setText(str(model))
+        self.source.currentIndexChanged.connect(self._source_changed)
+        self.path.editingFinished.connect(self._reload)
+        self.browse.clicked.connect(self._browse)
+        self.found.model_chosen.connect(self.choose_gguf)
+        self._source_changed()
+
+    def model_path(self) -> str | None:
+        if self.source.currentIndex() == 0:
+            return None
+        return self.path.text().strip() or None
+
+    def model_config(self) -> ModelConfig | None:
+        return self._config
+
+    def choose_gguf(self, path: str) -> None:
+        """Pick a GGUF file (a row of the found list): show its header and prediction."""
+        self.path.setText(path)
+        if self.source.currentIndex() == 1:
+            self._reload()
+        else:
+            self.source.setCurrentIndex(1)  # reloads
+
+    def _source_changed(self) -> None:
+        custom = self.source.currentIndex() != 0
+        self.path.setEnabled(custom)
+        self.browse.setEnabled(custom)
+        self._reload()
+
+    def _browse(self) -> None:
+        if self.source.currentIndex() == 1:
+            path, _ = QFileDialog.getOpenFileName(self, "GGUF model", "", "GGUF (*.gguf)")
+        else:
+            path = QFileDialog.getExistingDirectory(self, "HF model folder")
+        if path:
+            self.path.setText(path)
+            self._reload()
+
+    def _reload(self) -> None:
+        self._config = None
+        self._header = None
+        self.error.setText("")
+        if self.source.currentIndex() != 0 and not self.model_path():
+            self.info.setText("Choose a file or folder.")
+        else:
+            try:
+                self._config = planner.model_config(self.model_path())
+                self._header = planner.weights_header(self.model_path())
+            except Exception as e:  # any unreadable file: say why, keep the dialog usable
+                self.info.setText("")
+                self.error.setText(f"Cannot read this model: {type(e).__name__}: {e}")
+        if self._config is not None:
+            mc = self._config
+            self.info.setText(
+                f"<b>{mc.name or 'model'}</b><br>"
+                f"Architecture: {mc.architecture}, {format_count(count_parameters(mc))} parameters"
+                f"<br>{mc.num_layers} layers, {mc.num_heads} query / {mc.num_kv_heads} KV heads, "
+                f"head dim {mc.head_dim}<br>Context length: {mc.max_position_embeddings:,} tokens"
+            )
+        self.model_changed.emit()
+
+    def show_prediction(self, engine_settings) -> None:
+        """What the planner predicts for these settings: KV bytes per token, blocks, tokens."""
+        mc = self._config
+        if mc is None:
+            self.prediction.setText("")
+            return
+        try:
+            config = resolve_for_weights(engine_settings.engine_config(), self._header)
+            kv_dtype = planner.dtype_name(config.kv_torch_dtype)
+            per_token = planner.bytes_per_token(
+                mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype
+            )
+            lines = self._weight_lines(config)
+            lines.append(f"KV cache: {planner.format_bytes(per_token)} per token ({kv_dtype})")
+            context = min(
+                engine_settings.max_model_len or mc.max_position_embeddings,
+                mc.max_position_embeddings,
+            )
+            if config.torch_device.type == "cpu":
+                budget = engine_settings.kv_budget_mib << 20
+                blocks = planner.predict_num_blocks(mc, config.block_size, kv_dtype, budget)
+                # Sliding-window layers hold only their window: a context costs fewer blocks.
+                per_context = planner.blocks_per_context(mc, config.block_size, context)
+                groups = planner.kv_layout_of(mc, config.block_size).num_groups
+                lines.append(
+                    f"Planner: {engine_settings.kv_budget_mib} MiB holds {blocks:,} blocks of "
+                    f"{config.block_size} = {blocks // groups * config.block_size:,} tokens "
+                    f"({blocks / per_context:.1f} full contexts of {context:,})"
+                )
+                lines.append(prediction_line(blocks, config.block_size, context))
+            else:
+                plan = planner.plan_kv(
+                    mc,
+                    context=context,
+                    dtype=kv_dtype,
+                    block_size=config.block_size,
+                    vram_bytes=_cuda_total_bytes(config.torch_device),
+                    gpu_memory_utilization=engine_settings.gpu_memory_utilization,
+                )
+                lines.append(
+                    f"Planner: about {plan.num_blocks:,} blocks = {plan.max_tokens_in_budget:,} "
+                    f"tokens, {plan.max_sequences_at_context:,} full contexts of {context:,} "
+                    "(upper bound: activations are measured at load)"
+                )
+                lines.append(prediction_line(plan.num_blocks, config.block_size, context))
+            self.prediction.setText("<br>".join(lines))
+        except (ValueError, RuntimeError) as e:
+            self.prediction.setText(f"Planner: {e}")
+
+    def _weight_lines(self, config) -> list[str]:
+        """Weights as the engine will keep them, and whether they fit what is free."""
+        if self._header is None or self._config is None:
+            return []
+        fit = weight_fit(config, self._header, self._config.tie_word_embeddings)
+        wp = fit.plan
+        dtype = str(config.torch_dtype).removeprefix("torch.")
+        line = (
+            f"Weights: {'+'.join(wp.formats)} kept as {wp.layout}, "
+            f"{wp.runtime_bytes / 2**30:.2f} GiB (+{wp.load_peak_bytes / 2**30:.2f} GiB while "
+            f"loading), compute in {dtype}"
+        )
+        if fit.free_bytes is not None:
+            where = "GPU" if config.torch_device.type == "cuda" else "RAM"
+            line += f"; {fit.free_bytes / 2**30:.1f} GiB {where} free"
+            if not fit.fits:
+                line += " — <b>does not fit</b>"
+        # float32 over quantized weights: dequantized once, or (when that does not fit) on
+        # every call, which is ~3x slower; say which.
+        return [line, f"Weights: {fit.note}"] if fit.note else [line]
+
+
+def _cuda_total_bytes(device) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device).total_memory

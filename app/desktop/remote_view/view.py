@@ -1,0 +1,477 @@
+"""RemoteView: what the connected servers' KV caches hold, beside the local block map.
+
+It owns one ReplicaMonitor (app/remote/monitor.py: threads, no Qt) per connection of the
+window's ConnectionList, started and stopped as the list changes, and reads their snapshots
+from a QTimer (4 Hz) on the GUI thread; every network wait happens in the monitors' threads or
+the routing box's pool, so nothing here blocks. What it draws, top to bottom:
+
+- what is known remotely and what is not (no pool grid: a server does not say where a block
+  sits in its pool);
+- a card per replica in its colour: status line (live / silent / reconnecting / down,
+  restarts, malformed frames, replayed and lost seqs) and its /metrics tiles;
+- the merged prefix tree (merged_tree.py, prefix_tree.py) and the selected run's text;
+- rolling plots of blocks held and KV usage per replica, and the routing box; under
+  WIDE_FROM_PX (the map column of a 1024 px window) tree, plots and routing become tabs.
+
+Redraws are keyed on what changed: the tree on the caches' versions, tiles on the metrics
+objects, plots at most twice a second."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from html import escape
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QFrame,
+    QLabel,
+    QScrollArea,
+    QSplitter,
+    QStackedWidget,
+    QTabWidget,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.desktop.remote_view.held_plot import HeldPlots, rate_series, scrape_series, step_series
+from app.desktop.remote_view.merged_tree import TreeRun, count_runs, merge_trees
+from app.desktop.remote_view.metric_tiles import TILES
+from app.desktop.remote_view.prefix_tree import Detokenizer, PrefixTreeView
+from app.desktop.remote_view.replica_card import ReplicaCard
+from app.desktop.remote_view.replica_colors import ReplicaColors
+from app.desktop.remote_view.routing_box import RoutingBox, Tokenize
+from app.desktop.remote_view.run_texts import RunTexts
+from app.desktop.remote_view.status_line import BAD, StatusLine, status_line
+from app.remote.connection import Connection
+from app.remote.connections_qt import ConnectionList
+
+POLL_MS = 250
+TREE_MIN_S = 1.0  # the tree is redrawn at most this often while the caches keep changing
+MAX_CARDS_SHOWN = 2
+WIDE_FROM_PX = 760  # narrower (the map column of a 1024 px window): tabs, tiles in two rows
+NARROW_TILE_COLUMNS = 4
+PLOT_REDRAW_S = 0.5
+# Dark in both themes, as the block map is (assets/style_light.qss keeps #blockMapPanel dark):
+# the replica colours are the map's palette, chosen for a dark ground. This sheet is the
+# view's own, so it wins over the application's light rules for every widget inside.
+VIEW_STYLE = (
+    "QWidget { background: #101216; color: #C9CED6; }"
+    " QSplitter::handle { background: #22262E; }"
+    " QTextBrowser { background: #15171C; border: 1px solid #2C313B; color: #D5D9E0;"
+    " font-size: 11px; }"
+    " QLineEdit { background: #1B2028; border: 1px solid #2A303B; border-radius: 6px;"
+    " padding: 4px 6px; color: #D7DCE4; }"
+    " QLineEdit:focus { border: 1px solid #4F8CFF; }"
+    " QPushButton, QToolButton { background: #232A35; border: 1px solid #2F3744;"
+    " border-radius: 6px; padding: 5px 12px; color: #D7DCE4; }"
+    " QPushButton:hover, QToolButton:hover { background: #2B3441; }"
+    " QPushButton:disabled, QToolButton:disabled { color: #5D6675; }"
+    " QTabBar::tab { background: #1A1D23; color: #A9B0BD; padding: 4px 12px;"
+    " border: 1px solid #2C313B; border-bottom: none; }"
+    " QTabBar::tab:selected { background: #262A33; color: #E8EAED; }"
+    " QToolTip { background: #222833; color: #E6E9EE; border: 1px solid #3A4352; }"
+)
+KNOWN_CAPTION = (
+    "<span style='color:#8C94A3'>Known remotely:</span> block hashes, parent links, token ids,"
+    " counts (KV events), /metrics. <span style='color:#8C94A3'>Not known:</span> physical"
+    " block positions, reference counts: no pool grid for a remote server."
+)
+NO_SERVER = (
+    "No server connected. Engine ▸ Connect…, or start with"
+    " <code>kvscope --connect http://host:8000 --kv-events tcp://host:5557</code>."
+)
+# A factory so tests can feed the view without sockets: Connection -> a started monitor.
+MonitorFactory = Callable[[Connection], object]
+
+
+def _default_monitor(connection: Connection):
+    from app.remote.monitor import ReplicaMonitor
+
+    monitor = ReplicaMonitor(connection)
+    monitor.start()
+    return monitor
+
+
+def _merge_timed(caches: list) -> tuple[list[TreeRun], float]:
+    started = time.monotonic()
+    roots = merge_trees(caches)
+    return roots, time.monotonic() - started
+
+
+log = logging.getLogger(__name__)
+_logged: set[tuple[str, str]] = set()
+
+
+def _log_once(label: str, where: str) -> None:
+    """A replica's failure, with its traceback, once per replica and place: the view polls at
+    4 Hz, and a log that repeats the same trace every tick helps nobody."""
+    if (label, where) not in _logged:
+        _logged.add((label, where))
+        log.exception("remote view: replica %s failed in %s; the others go on", label, where)
+
+
+class _Bridge(QObject):
+    merged = Signal(object)  # (tree key, caches, (roots, seconds the merge took))
+
+
+def _usage_pct(m) -> float | None:
+    return None if m.kv_cache_usage is None else 100 * m.kv_cache_usage
+
+
+def _queued(m) -> float | None:
+    if m.running is None and m.waiting is None:
+        return None
+    return (m.running or 0) + (m.waiting or 0)
+
+
+def _stop_in_background(monitor) -> None:
+    """A monitor's stop() joins its threads (up to a couple of seconds): not on the GUI."""
+    threading.Thread(target=monitor.stop, name="kvscope-monitor-stop", daemon=True).start()
+
+
+class RemoteView(QWidget):
+    def __init__(
+        self,
+        connections: ConnectionList,
+        parent: QWidget | None = None,
+        monitor_factory: MonitorFactory | None = None,
+        tokenize: Tokenize | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(parent)
+        self.setObjectName("remoteView")
+        self.setStyleSheet(VIEW_STYLE)
+        self.connections = connections
+        self._monitor_factory = monitor_factory or _default_monitor
+        self._clock = clock
+        self.monitors: dict[str, object] = {}
+        self._last_good: dict[str, object] = {}  # each replica's last snapshot that was read
+        self.snapshots: list = []
+        self.colors = ReplicaColors()
+        self.cards: dict[str, ReplicaCard] = {}
+        self.roots: list[TreeRun] = []
+        self._tree_key: tuple | None = None  # what the tree shows
+        self._closed = False  # after shutdown(): no monitors, pools or redraws any more
+        self._tree_busy = False
+        self._tree_started = -1e18
+        self._tree_cost = 0.0
+        self._tree_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-tree")
+        self._bridge = _Bridge(self)
+        self._bridge.merged.connect(self._on_merged)
+        self._metrics_seen: dict[str, object] = {}
+        self._plotted_at = -1e18
+        self._plotted_replicas: set[str] = set()
+
+        self.known = QLabel(KNOWN_CAPTION, wordWrap=True, objectName="remoteKnown")
+        self.known.setStyleSheet("font-size: 11px;")
+        self.empty = QLabel(NO_SERVER, wordWrap=True, objectName="remoteEmpty")
+        self.cards_box = QWidget()
+        self.cards_layout = QVBoxLayout(self.cards_box)
+        self.cards_layout.setContentsMargins(0, 0, 0, 0)
+        self.cards_layout.setSpacing(4)
+        # Two cards show; more scroll, so the tree keeps its height with many replicas.
+        self.cards_scroll = QScrollArea(widgetResizable=True, objectName="replicaCards")
+        self.cards_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.cards_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.cards_scroll.setWidget(self.cards_box)
+        self.tree_caption = QLabel("Prefix tree: no blocks yet", objectName="treeCaption")
+        self.tree_caption.setTextFormat(Qt.TextFormat.RichText)
+        self.tree_caption.setStyleSheet("font-size: 11px;")
+        self.tree_caption.setWordWrap(True)  # the view may be as narrow as the map column
+        self.tree = PrefixTreeView(self.colors.color)
+        self.detail = QTextBrowser(objectName="runDetail")
+        self.detail.setPlaceholderText("Select a branch to read the blocks it holds.")
+        self.texts = RunTexts(self.tree, self.detail, lambda: self.snapshots, self)
+        self.tree.run_selected.connect(self.texts.show_run)
+        self.plots = HeldPlots()
+        self.routing = RoutingBox(tokenize)
+        self.routing.replicas = self._routing_replicas
+        self.routing.predict = self._predict
+        self.routing.color_of = self.colors.color
+
+        self.tree_column = QSplitter(Qt.Orientation.Vertical, childrenCollapsible=False)
+        tree_top = QWidget()
+        tree_layout = QVBoxLayout(tree_top)
+        tree_layout.setContentsMargins(0, 0, 0, 0)
+        tree_layout.setSpacing(3)
+        tree_layout.addWidget(self.tree_caption)
+        tree_layout.addWidget(self.tree, 1)
+        self.tree_column.addWidget(tree_top)
+        self.tree_column.addWidget(self.detail)
+        self.tree_column.setStretchFactor(0, 4)
+        self.tree_column.setStretchFactor(1, 1)
+        self.tree_column.setSizes([400, 90])
+        # Wide: the tree beside the plots over the routing box. Narrow (the map column of a
+        # 1024 px window): the three as tabs, each the full width.
+        self.side = QSplitter(Qt.Orientation.Vertical, childrenCollapsible=False)
+        self.body = QSplitter(Qt.Orientation.Horizontal, childrenCollapsible=False)
+        self.body.addWidget(self.tree_column)
+        self.body.addWidget(self.side)
+        self.body.setStretchFactor(0, 3)
+        self.body.setStretchFactor(1, 2)
+        self.tabs = QTabWidget(objectName="remoteTabs")
+        self.tabs.setDocumentMode(True)
+        self.pages = QStackedWidget()
+        self.pages.addWidget(self.body)
+        self.pages.addWidget(self.tabs)
+        self.narrow: bool | None = None
+        self._apply_width(WIDE_FROM_PX)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.setSpacing(5)
+        layout.addWidget(self.known)
+        layout.addWidget(self.empty)
+        layout.addWidget(self.cards_scroll)
+        layout.addWidget(self.pages, 1)
+
+        self.timer = QTimer(self, interval=POLL_MS)
+        self.timer.timeout.connect(self.poll)
+        connections.changed.connect(self.sync_monitors)
+        self.sync_monitors()
+        self.timer.start()
+
+    # ---- monitors ------------------------------------------------------------------------
+    def sync_monitors(self) -> None:
+        """Start a monitor for every new connection, stop those of removed (or changed) ones."""
+        if self._closed:
+            return
+        wanted = {c.label: c for c in self.connections}
+        for label, monitor in list(self.monitors.items()):
+            if label not in wanted or monitor.connection != wanted[label]:
+                _stop_in_background(self.monitors.pop(label))
+        for label, connection in wanted.items():
+            if label not in self.monitors:
+                self.monitors[label] = self._monitor_factory(connection)
+        self.poll()
+
+    def poll(self) -> None:
+        """The timer's tick: read every monitor's snapshot (cheap: copies under a lock)."""
+        if not self.isVisible() and self.snapshots:
+            return  # a hidden tab redraws when shown (showEvent)
+        snapshots = []
+        for label, monitor in self.monitors.items():
+            try:
+                snapshot = monitor.snapshot()
+            except Exception:  # one replica's trouble stays on its card (its last good view)
+                _log_once(label, "snapshot")
+                snapshot = self._last_good.get(label)
+            if snapshot is not None:
+                self._last_good[label] = snapshot
+                snapshots.append(snapshot)
+        self.set_snapshots(snapshots)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._apply_width(event.size().width())
+
+    def _apply_width(self, width: int) -> None:
+        """Lay the body out for the width: side by side from WIDE_FROM_PX, else as tabs;
+        tiles in one row of seven when wide, two rows of four when narrow."""
+        narrow = width < WIDE_FROM_PX
+        if narrow == self.narrow:
+            return
+        self.narrow = narrow
+        if narrow:
+            self.tabs.addTab(self.tree_column, "Prefix tree")
+            self.tabs.addTab(self.plots, "Over time")
+            self.tabs.addTab(self.routing, "Routing")
+            self.pages.setCurrentWidget(self.tabs)
+        else:
+            while self.tabs.count():
+                self.tabs.removeTab(0)
+            self.body.insertWidget(0, self.tree_column)
+            self.side.addWidget(self.plots)
+            self.side.addWidget(self.routing)
+            self.side.setSizes([260, 200])
+            self.body.setSizes([600, 400])
+            self.pages.setCurrentWidget(self.body)
+        for card in self.cards.values():
+            card.set_columns(self._tile_columns(), details=not narrow)
+        self._fit_cards()
+
+    def _tile_columns(self) -> int:
+        return NARROW_TILE_COLUMNS if self.narrow else len(TILES)
+
+    def _fit_cards(self) -> None:
+        """Up to MAX_CARDS_SHOWN cards in view; more scroll."""
+        self.cards_scroll.setVisible(bool(self.cards))
+        if not self.cards:
+            return
+        shown = next(iter(self.cards.values()))
+        per_card = shown.sizeHint().height() + self.cards_layout.spacing()
+        self.cards_scroll.setFixedHeight(min(len(self.cards), MAX_CARDS_SHOWN) * per_card)
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().showEvent(event)
+        self.poll()
+
+    def shutdown(self) -> None:
+        """Stop the timer, the monitors (in the background) and the worker pools. The window
+        calls it when it closes (a tab gets no closeEvent of its own)."""
+        self._closed = True
+        self.timer.stop()
+        for monitor in self.monitors.values():
+            _stop_in_background(monitor)
+        self.monitors.clear()
+        self.routing.shutdown()
+        self._tree_pool.shutdown(wait=False, cancel_futures=True)
+        self.texts.shutdown()
+
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        self.shutdown()
+        super().closeEvent(event)
+
+    # ---- drawing -------------------------------------------------------------------------
+    def set_detokenizer(self, fn: Detokenizer | None) -> None:
+        """fn(token_ids) -> text: the tree and its detail show text instead of token ids."""
+        self.tree.set_detokenizer(fn)
+
+    def set_snapshots(self, snapshots: list) -> None:
+        now = self._clock()
+        self.snapshots = list(snapshots)
+        labels = [s.connection.label for s in snapshots]
+        self.empty.setVisible(not snapshots)
+        self._sync_cards(labels)
+        for s in snapshots:
+            label = s.connection.label
+            card = self.cards[label]
+            try:
+                card.set_status(status_line(s, now), self._card_extra(s), s.hash_note)
+                if self._metrics_seen.get(label) is not s.metrics or s.metrics is None:
+                    self._metrics_seen[label] = s.metrics
+                    card.set_metrics(s.metrics, s.metrics_history)
+            except Exception as e:  # a value we did not foresee: this card says so, others go on
+                _log_once(label, "card")
+                trouble = StatusLine("cannot show", BAD, (f"{type(e).__name__} in its data",))
+                card.set_status(trouble)
+        self._update_tree()
+        plotted = set(labels) != self._plotted_replicas
+        if plotted or now - self._plotted_at >= PLOT_REDRAW_S or now < self._plotted_at:
+            self._update_plots(now)
+
+    def _card_extra(self, s) -> str:
+        parts = []
+        if s.model:
+            parts.append(s.model)
+        parts.append(f"{s.cache.num_blocks:,} blocks cached")
+        if s.block_size:
+            parts.append(f"{s.block_size} tokens/block")
+        return " · ".join(parts)
+
+    def _sync_cards(self, labels: list[str]) -> None:
+        for label in list(self.cards):
+            if label not in labels:
+                card = self.cards.pop(label)
+                self.cards_layout.removeWidget(card)
+                card.deleteLater()
+                self.plots.drop(label)
+                self._metrics_seen.pop(label, None)
+        for label in labels:
+            if label not in self.cards:
+                card = ReplicaCard(label, self.colors.color(label), self._tile_columns())
+                card.disconnect_button.clicked.connect(
+                    lambda _checked=False, lb=label: self.connections.remove(lb)
+                )
+                self.cards[label] = card
+                self.cards_layout.addWidget(card)
+        self._fit_cards()
+
+    def _tree_key_of(self, snapshots: list) -> tuple:
+        return tuple((s.connection.label, s.cache.version, s.cache.clears) for s in snapshots)
+
+    def tree_settled(self) -> bool:
+        """Whether the tree shows the latest snapshots' caches (it is merged in a worker)."""
+        return self._tree_key == self._tree_key_of(self.snapshots) and not self._tree_busy
+
+    def _update_tree(self) -> None:
+        """Merge the caches in a worker thread (a big cache takes a good part of a second),
+        at most one merge at a time and, while the caches keep changing, no more often than
+        every TREE_MIN_S or three times the last merge's cost."""
+        key = self._tree_key_of(self.snapshots)
+        if key == self._tree_key or self._tree_busy or self._closed:
+            return  # a busy merge is followed by a fresh one at a later tick
+        same_replicas = self._tree_key is not None and [k[0] for k in key] == [
+            k[0] for k in self._tree_key
+        ]
+        wait = max(TREE_MIN_S, 3 * self._tree_cost)
+        if same_replicas and time.monotonic() - self._tree_started < wait:
+            return
+        self._tree_busy = True
+        self._tree_started = time.monotonic()
+        caches = [s.cache for s in self.snapshots]  # copies: no one writes them any more
+        future = self._tree_pool.submit(_merge_timed, caches)
+        future.add_done_callback(lambda f: self._merged_ready(key, caches, f))
+
+    def _merged_ready(self, key: tuple, caches: list, future) -> None:
+        """On the worker thread: hand the merged tree to the GUI thread (queued signal)."""
+        if future.cancelled():
+            return
+        try:
+            self._bridge.merged.emit((key, caches, future.result()))
+        except RuntimeError:  # the view was deleted meanwhile
+            pass
+
+    def _on_merged(self, answer: tuple) -> None:
+        key, caches, (roots, cost) = answer
+        self._tree_busy = False
+        self._tree_cost = cost
+        self._tree_key = key
+        self.roots = roots
+        self.tree.set_roots(roots)
+        self.texts.decode_previews()
+        merged = sum(r.subtree_blocks for r in roots)
+        held = " · ".join(
+            f"<span style='color:{self.colors.color(c.replica)}'>■</span> {escape(c.replica)}"
+            f" {c.num_blocks:,}"
+            for c in caches
+        )
+        groups = sorted({g for c in caches for g in c.groups()})
+        text = (
+            f"<b>Prefix tree</b> · {merged:,} distinct blocks in {count_runs(roots):,}"
+            f" branches · held: {held or 'none'}"
+        )
+        if any(g != 0 for g in groups):
+            text += f" · <span style='color:#8C94A3'>KV group 0 shown ({len(groups)} groups)</span>"
+        if self.tree.rows_left_out:
+            text += f" · {self.tree.rows_left_out:,} branches not drawn"
+        self.tree_caption.setText(text)
+        self._update_tree()  # the caches may have moved on while this one was merged
+
+    def _update_plots(self, now: float) -> None:
+        self._plotted_at = now
+        self._plotted_replicas = {s.connection.label for s in self.snapshots}
+        for s in self.snapshots:
+            label = s.connection.label
+            color = self.colors.color(label)
+            t, v = step_series(s.cache.history, now)
+            self.plots.set_series("held", label, color, t, v)
+            history = s.metrics_history
+            usage = scrape_series(history, now, _usage_pct)
+            self.plots.set_series("usage", label, color, *usage)
+            self.plots.set_series("queue", label, color, *scrape_series(history, now, _queued))
+            rate = rate_series(history, now, lambda m: m.generation_tokens_total)
+            self.plots.set_series("rate", label, color, *rate)
+        self.plots.rescale()
+
+    # ---- routing -------------------------------------------------------------------------
+    def _routing_replicas(self) -> dict[str, tuple[Connection, str | None]]:
+        return {s.connection.label: (s.connection, s.model) for s in self.snapshots}
+
+    def _predict(self, prompt_token_ids: dict[str, list[int]]) -> list:
+        from app.remote.routing import predict_hits
+
+        live = {s.connection.label: s for s in self.snapshots}
+        caches = {label: s.cache for label, s in live.items()}
+        hashers = {label: s.hasher for label, s in live.items()}
+        sizes = {label: s.block_size for label, s in live.items()}
+        ids = {label: tokens for label, tokens in prompt_token_ids.items() if label in caches}
+        return predict_hits(ids, caches, hashers, sizes)
+
+    # ---- for tests and logs --------------------------------------------------------------
+    def status_text(self, replica: str) -> str:
+        return self.cards[replica].status_text()

@@ -1,0 +1,100 @@
+"""EngineStatusBar: what the engine is doing, how full the pool is, and which model runs.
+
+The window feeds it engine events; it only formats them. Its pool label has a fixed width
+because it changes ten times a second and must not relayout the window each time. The state
+line counts the engine's own sequences too, so simulated users are never shown as "Ready"; a
+warning label says when the naive allocator cannot hold two sequences (app/core/pool_fit.py).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
+
+from app.core.engine_messages import EngineInfo
+from app.core.pool_fit import naive_sequences, naive_warning
+from app.desktop.elided_label import ElidedLabel
+from app.desktop.model_picker import format_count
+
+POOL_LABEL_SAMPLE = "KV 000000/000000 blocks held, 000000 cached · 0000 running"
+WARNING_STYLE = "color: #F2B84B; font-weight: bold;"
+
+
+class EngineStatusBar(QStatusBar):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state_label = QLabel("Starting…", objectName="engineState")
+        self.pool_label = QLabel(objectName="poolLabel")
+        sample_width = self.pool_label.fontMetrics().horizontalAdvance(POOL_LABEL_SAMPLE)
+        self.pool_label.setFixedWidth(sample_width + 16)
+        # Elided: the long model line must not set the window's minimum width.
+        self.model_label = ElidedLabel(objectName="modelLabel")
+        self.busy_bar = QProgressBar(objectName="busyBar", maximumWidth=140, textVisible=False)
+        self.busy_bar.setRange(0, 0)
+        self.busy_bar.setVisible(False)
+        self.warning_label = QLabel(objectName="poolWarning")
+        self.warning_label.setStyleSheet(WARNING_STYLE)
+        self.warning_label.setVisible(False)
+        self._engine_loaded = False
+        self._replies = 0
+        self._sequences = (0, 0)  # the engine's running, waiting (chats and simulated users)
+        self.addWidget(self.state_label)
+        self.addPermanentWidget(self.warning_label)
+        self.addPermanentWidget(self.pool_label)
+        self.addPermanentWidget(self.model_label)
+        self.addPermanentWidget(self.busy_bar)
+
+    def show_engine(self, info: EngineInfo) -> None:
+        self.model_label.setText(
+            f"{info.model_name} · {info.architecture} {format_count(info.num_parameters)} · "
+            f"{info.device} {info.dtype} · weights {info.weight_format} "
+            f"{info.weight_bytes / 2**20:,.0f} MiB · KV {info.kv_dtype} "
+            f"{info.kv_bytes_per_token / 1024:.0f} KiB/token · "
+            f"{info.num_blocks:,} blocks × {info.block_size}"
+        )
+        self.model_label.setToolTip(
+            f"{info.model_source}\nmax_model_len {info.max_model_len:,}\n"
+            f"weights: {info.weight_format}, {info.weight_bytes:,} bytes, "
+            f"run as {info.weight_layout}"
+        )
+        warning = naive_warning(info.num_blocks, info.block_size, info.max_model_len)
+        fits = naive_sequences(info.num_blocks, info.block_size, info.max_model_len)
+        self.warning_label.setText(f"⚠ naive allocator fits {fits} sequence{'s' * (fits != 1)}")
+        self.warning_label.setVisible(bool(warning))
+        self.warning_label.setToolTip(warning)
+
+    def show_busy(self, text: str) -> None:
+        """What the worker is doing ("" when it is done); while busy, the state line says it."""
+        self.busy_bar.setVisible(bool(text))
+        if text:
+            self.state_label.setText(text)
+
+    def show_state(self, engine_loaded: bool, replies_in_flight: int) -> None:
+        self._engine_loaded, self._replies = engine_loaded, replies_in_flight
+        self._show_state()
+
+    def _show_state(self) -> None:
+        if self.busy_bar.isVisible():
+            return
+        running, waiting = self._sequences
+        engine = f"{running} running, {waiting} waiting"
+        if not self._engine_loaded:
+            self.state_label.setText("No model loaded")
+        elif self._replies:
+            n = self._replies
+            self.state_label.setText(f"Generating {n} repl{'y' if n == 1 else 'ies'} · {engine}")
+        elif running or waiting:  # simulated users (or replies just ending): not idle
+            self.state_label.setText(f"Serving requests · {engine}")
+        else:
+            self.state_label.setText("Ready")
+
+    def show_pool(self, stats: dict) -> None:
+        """Pool occupancy from llm.stats(): a contiguous engine's reservations count as held,
+        as they do in the block map's tiles."""
+        self.pool_label.setText(
+            f"KV {stats['kv_blocks_used']}/{stats['kv_blocks_total']} blocks held, "
+            f"{stats['kv_blocks_cached']} cached · {stats['num_running']} running"
+        )
+        sequences = (int(stats.get("num_running", 0)), int(stats.get("num_waiting", 0)))
+        if sequences != self._sequences:
+            self._sequences = sequences
+            self._show_state()

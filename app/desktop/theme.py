@@ -1,0 +1,59 @@
+"""The app's light and dark stylesheets, and which one applies: the user's choice (View menu)
+or, for "system", the platform's colour scheme, followed live when it changes (Qt 6.5+).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QObject, Qt
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QApplication
+
+from app.core.paths import ASSETS_DIR
+
+THEMES = ("system", "light", "dark")
+STYLESHEETS = {"dark": "style.qss", "light": "style_light.qss"}
+KEEPER_NAME = "themeKeeper"
+
+
+def resolve_theme(choice: str, scheme: Qt.ColorScheme) -> str:
+    """Light or dark: the choice itself, or for "system" the platform's scheme (dark when
+    the platform does not say)."""
+    if choice != "system":
+        return choice
+    return "light" if scheme == Qt.ColorScheme.Light else "dark"
+
+
+def system_scheme() -> Qt.ColorScheme:
+    return QGuiApplication.styleHints().colorScheme()
+
+
+class ThemeKeeper(QObject):
+    """Applies a theme choice to the application and re-applies "system" when the platform's
+    scheme changes. One per application (theme_keeper()): the stylesheet is the app's."""
+
+    def __init__(self, parent: QObject) -> None:
+        super().__init__(parent, objectName=KEEPER_NAME)
+        self.choice = "system"
+        self.shown = ""  # "light" or "dark" once applied
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._scheme_changed)
+
+    def apply(self, choice: str) -> str:
+        """Use `choice` (one of THEMES); returns the theme now shown, "light" or "dark"."""
+        self.choice = choice
+        self.shown = resolve_theme(choice, system_scheme())
+        sheet = (ASSETS_DIR / STYLESHEETS[self.shown]).read_text()
+        app = QApplication.instance()
+        if app.styleSheet() != sheet:  # re-polishing every widget is not free
+            app.setStyleSheet(sheet)
+        return self.shown
+
+    def _scheme_changed(self, _scheme: Qt.ColorScheme) -> None:
+        if self.choice == "system":
+            self.apply("system")
+
+
+def theme_keeper() -> ThemeKeeper:
+    """The application's ThemeKeeper, made on first use."""
+    app = QApplication.instance()
+    keeper = app.findChild(ThemeKeeper, KEEPER_NAME)
+    return keeper if keeper is not None else ThemeKeeper(app)

@@ -1,0 +1,91 @@
+"""The window's menu bar: Chat (new, delete, export, settings, quit), Engine (settings, pause
+the map, recording) and View (the theme).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+from PySide6.QtWidgets import QMainWindow, QWidget
+
+from app.desktop.theme import THEMES
+
+SETTINGS_KEY = "Ctrl+,"  # LM Studio's, VS Code's; Qt's Preferences key is empty on Linux
+
+
+@dataclass
+class WindowMenus:
+    pause_map: QAction  # checkable
+    delete_chat: QAction
+    themes: dict[str, QAction]  # THEMES -> its checkable action
+
+
+def settings_shortcuts() -> list[QKeySequence]:
+    """The platform's Preferences key(s), plus Ctrl+, where that is not already one."""
+    keys = QKeySequence.keyBindings(QKeySequence.Preferences)
+    comma = QKeySequence(SETTINGS_KEY)
+    return keys + [comma] if comma not in keys else keys
+
+
+def build_menus(
+    window: QMainWindow,
+    new_chat: Callable[[], object],
+    delete_chat: Callable[[], object],
+    export_chat: Callable[[str], object],
+    open_settings: Callable[[], object],
+    set_map_paused: Callable[[bool], None],
+    set_theme: Callable[[str], None],
+    request_quit: Callable[[], object],
+    delete_scope: QWidget,
+) -> WindowMenus:
+    """Fill the window's menu bar. Delete works while focus is inside `delete_scope` (the chat
+    list), so the key keeps its meaning in text boxes."""
+    menu = window.menuBar().addMenu("&Chat")
+    new = QAction("New chat", window, shortcut=QKeySequence.New)
+    new.triggered.connect(new_chat)
+    delete = QAction("Delete chat…", window, shortcut=QKeySequence.Delete)
+    delete.setShortcutContext(Qt.WidgetWithChildrenShortcut)
+    delete.triggered.connect(delete_chat)
+    delete_scope.addAction(delete)
+    exports = []
+    for fmt, label in (("markdown", "Export chat as Markdown…"), ("json", "Export chat as JSON…")):
+        action = QAction(label, window)
+        action.triggered.connect(lambda _checked, f=fmt: export_chat(f))
+        exports.append(action)
+    settings = QAction("Model and engine…", window)
+    settings.setShortcuts(settings_shortcuts())
+    settings.triggered.connect(open_settings)
+    quit_ = QAction("Quit", window, shortcut=QKeySequence.Quit)
+    quit_.triggered.connect(request_quit)
+    menu.addActions([new, delete, *exports, settings])
+    menu.addSeparator()
+    menu.addAction(quit_)
+    engine_menu = window.menuBar().addMenu("&Engine")
+    engine_menu.addAction(settings)
+    pause_map = QAction("Pause block map", window, checkable=True)
+    pause_map.setToolTip("Hold the map still to inspect it; the engine runs on")
+    pause_map.toggled.connect(set_map_paused)
+    engine_menu.addAction(pause_map)
+    theme_menu = window.menuBar().addMenu("&View").addMenu("Theme")
+    group = QActionGroup(window, exclusive=True)
+    themes = {}
+    for theme in THEMES:
+        label = "System (follow the desktop)" if theme == "system" else theme.capitalize()
+        action = QAction(label, group, checkable=True)
+        action.triggered.connect(lambda _checked, t=theme: set_theme(t))
+        theme_menu.addAction(action)
+        themes[theme] = action
+    return WindowMenus(pause_map, delete, themes)
+
+
+def add_engine_actions(window: QMainWindow, actions: list[QAction]) -> None:
+    """Append actions (recording: app/desktop/recording_controls.py) to the Engine menu."""
+    for action in window.menuBar().actions():
+        menu = action.menu()
+        if menu is not None and menu.title() == "&Engine":
+            menu.addSeparator()
+            menu.addActions(actions)
+            return
