@@ -64,6 +64,6 @@ def engine_event_hashes(srv, hasher=None) -> set:
             digests[own] = hasher.hash_block(None if parent is None else digest(parent), tokens)
         return digests[own]
 
-    from app.remote.block_hashes import external_hash
+    from app.core.block_hashes import external_hash
 
     return {external_hash(digest(own), hasher.int_hashes) for own in links}

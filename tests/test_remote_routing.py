@@ -16,7 +16,7 @@ import xxhash
 from remote_fakes import wait_until
 from served import start_server
 
-from app.remote.block_hashes import ALGOS, BlockHasher, hasher_for
+from app.core.block_hashes import ALGOS, BlockHasher, hasher_for
 from app.remote.connection import parse_connection
 from app.remote.kv_wire import BlockStored, EventBatch
 from app.remote.monitor import ReplicaMonitor

@@ -23,7 +23,7 @@ import vllm_code
 from remote_fakes import wait_until
 from served import engine_event_hashes, free_endpoint, start_server
 
-from app.remote.block_hashes import ALGOS, hasher_for
+from app.core.block_hashes import ALGOS, hasher_for
 from app.remote.kv_subscriber import KVEventSubscriber
 from app.remote.remote_cache import RemoteCache
 from app.remote.routing import predict_hits

@@ -8,7 +8,7 @@ import sys
 import typing
 from dataclasses import Field
 
-from app.remote.block_hashes import ALGOS, DEFAULT_ALGO
+from app.core.block_hashes import ALGOS, DEFAULT_ALGO
 from engine.config import KNOB, QUANTIZATIONS, EngineConfig, user_knobs
 
 

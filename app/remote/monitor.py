@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from app.remote.block_hashes import ALGOS, DEFAULT_ALGO, BlockHasher, hasher_for
+from app.core.block_hashes import ALGOS, DEFAULT_ALGO, BlockHasher, hasher_for
 from app.remote.connection import Connection
 from app.remote.kv_subscriber import KVEventSubscriber, SubscriberStatus
 from app.remote.kv_wire import EventBatch

@@ -1,7 +1,7 @@
 """The cache-aware routing question: of a new prompt's full blocks, how many leading ones does
 each replica already hold (and so need not prefill)?
 
-By hash when the replica's hashes can be reproduced (app/remote/block_hashes.py): the prompt's
+By hash when the replica's hashes can be reproduced (app/core/block_hashes.py): the prompt's
 chain is hashed as the server would, and each hash looked up among the blocks its events
 announced, in whichever form they carry (64-bit int or digest bytes). Otherwise by token ids:
 the events carry each block's tokens, so a block matches when its tokens and its parent link
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.remote.block_hashes import BlockHasher, external_hash
+from app.core.block_hashes import BlockHasher, external_hash
 from app.remote.remote_cache import RemoteCache
 
 TOKEN_METHOD = "token ids"

@@ -14,7 +14,7 @@ sources:
   (identity, b"", topic, seq, payload) for every buffered batch from that seq, then the end
   marker (identity, b"", b"", -1 as 8 bytes, b"").
 
-Block hashes are vLLM's (app/remote/block_hashes.py): each block announced is hashed with
+Block hashes are vLLM's (app/core/block_hashes.py): each block announced is hashed with
 `--prefix-caching-hash-algo` (vLLM's names; sha256 by default, as vLLM's) from its parent's digest
 and its token ids, NONE_HASH seeded from PYTHONHASHSEED or, unset, as vLLM seeds it. A router
 that predicts vLLM's hashes from a prompt therefore predicts ours. The engine keeps its own
@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from app.remote.block_hashes import DEFAULT_ALGO, BlockHasher, external_hash, none_hash_seed
+from app.core.block_hashes import DEFAULT_ALGO, BlockHasher, external_hash, none_hash_seed
 from engine import LLMEngine
 
 log = logging.getLogger(__name__)

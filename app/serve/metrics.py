@@ -30,7 +30,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from app.remote.block_hashes import DEFAULT_ALGO
+from app.core.block_hashes import DEFAULT_ALGO
 from app.serve.cache_info import CACHE_CONFIG_LABELS, cache_config_info
 from app.serve.request_metrics import LABELS, RequestFamilies
 from engine import LLMEngine, RequestOutput

@@ -19,7 +19,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from app.remote.block_hashes import DEFAULT_ALGO
+from app.core.block_hashes import DEFAULT_ALGO
 from app.serve.connections import ConnectionLimits, guarded_protocol
 from app.serve.engine_loop import EngineDriver, EngineLoop
 from app.serve.errors import install_error_handlers
