@@ -20,10 +20,37 @@ import pytest
 CACHE_KEY = "kvscope/file_seconds"
 ORDER_KEY = "kvscope_file_order"  # in each xdist worker's workerinput
 UNKNOWN_SECONDS_PER_TEST = 1.0
-# Seconds per file, one worker of `make test` on the 2-core machine (setup, call and teardown of
-# every test; a file's first use of the session-scoped model loads included). Only the order
-# matters: a rough figure in the right place is enough, and the cache replaces it after a run.
-SEED_SECONDS: dict[str, float] = {}
+# CPU seconds of each file run alone (`pytest -p no:xdist`) on the 2-core machine, the session's
+# model loads included (in `make test` only a worker's first file pays them); the AOT compiles'
+# figure is their wall time on one worker. Only the order matters: a rough figure in the right
+# place is enough, and a run's own figures replace these in the cache.
+SEED_SECONDS: dict[str, float] = {
+    "tests/test_triton_aot.py": 190.0,
+    "tests/test_bench.py": 65.0,
+    "tests/test_parity_hf.py": 49.0,
+    "tests/test_engine.py": 49.0,
+    "tests/test_forking.py": 48.0,
+    "tests/test_vllm_sampling.py": 45.0,
+    "tests/test_vllm_kv_events.py": 40.0,
+    "tests/test_app_chat.py": 36.0,
+    "tests/test_quant_weights.py": 36.0,
+    "tests/test_fp8_kv.py": 36.0,
+    "tests/test_kv_snapshot.py": 36.0,
+    "tests/test_model_loading.py": 32.0,
+    "tests/test_vllm_sampling_behaviour.py": 30.0,
+    "tests/test_window_layout.py": 30.0,
+    "tests/test_cpu_gemv.py": 29.0,
+    "tests/test_window_habits.py": 28.0,
+    "tests/test_app_responsiveness.py": 27.0,
+    "tests/test_truthful_numbers.py": 26.0,
+    "tests/test_bench_models.py": 18.0,
+    "tests/test_per_chat_sampling.py": 15.0,
+    "tests/test_system_prompt_edit.py": 14.0,
+    "tests/test_chat_recovery.py": 13.0,
+    "tests/test_real_window.py": 11.0,
+    "tests/test_vllm_metrics.py": 10.0,
+    "tests/test_cpu_fused_decode.py": 9.0,
+}
 
 
 def _file_of(nodeid: str) -> str:
