@@ -10,10 +10,10 @@ from app.core.settings import (
     DEFAULT_MAX_MODEL_LEN,
     AppSettings,
     EngineSettings,
-    SettingsDialog,
     load_settings,
     save_settings,
 )
+from app.desktop.settings_dialog import SettingsDialog
 
 TIMEOUT_MS = 120_000
 

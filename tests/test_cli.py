@@ -9,6 +9,7 @@ import pytest
 
 from app.cli import terminal
 from app.cli.main import build_parser
+from app.core import engine_flags
 
 
 def _args(argv):
@@ -121,12 +122,12 @@ def test_the_engine_flags_keep_their_defaults(argv):
 
 def test_every_engine_flag_reaches_llm(monkeypatch):
     built = {}
-    monkeypatch.setattr(terminal, "LLM", lambda **kwargs: built.update(kwargs))
+    monkeypatch.setattr(engine_flags, "LLM", lambda **kwargs: built.update(kwargs))
     argv = ["generate", "hi", "--model", "m.gguf", "--device", "cpu", "--dtype", "float32"]
     argv += ["--block-size", "32", "--max-model-len", "128", "--max-num-seqs", "3"]
     argv += ["--num-kv-blocks", "9", "--quantization", "none", "--seed", "5"]
     argv += ["--num-threads", "1"]
-    terminal.llm_from_args(_args(argv))
+    engine_flags.llm_from_args(_args(argv))
     assert built == {
         "model": "m.gguf",
         "device": "cpu",

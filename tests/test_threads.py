@@ -80,7 +80,8 @@ def test_engine_applies_the_knob_and_reports_it(default_model):
 
 
 def test_settings_carry_threads_to_the_engine(qtbot):
-    from app.core.settings import AppSettings, EngineSettings, SettingsDialog
+    from app.core.settings import AppSettings, EngineSettings
+    from app.desktop.settings_dialog import SettingsDialog
 
     assert EngineSettings(num_threads=3).llm_kwargs()["num_threads"] == 3
     assert EngineSettings().llm_kwargs()["num_threads"] is None

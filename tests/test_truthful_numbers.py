@@ -77,8 +77,9 @@ def test_the_issue_s_pool_warns_everywhere(qtbot, default_model):
     """364 blocks at the model's own 8,192: one naive reservation takes the whole pool."""
     from dataclasses import replace
 
-    from app.core.settings import AppSettings, EngineSettings, SettingsDialog
+    from app.core.settings import AppSettings, EngineSettings
     from app.desktop.blockmap import BlockMapPanel
+    from app.desktop.settings_dialog import SettingsDialog
     from app.desktop.status_bar import EngineStatusBar
 
     warning = naive_warning(364, 16, 8192)

@@ -11,8 +11,9 @@ from PySide6.QtWidgets import QApplication, QMessageBox
 import app.desktop.theme as theme_module
 import app.desktop.window as window_module
 from app.core.paths import ASSETS_DIR
-from app.core.settings import AppSettings, SettingsDialog
+from app.core.settings import AppSettings
 from app.desktop.chat import conversation_list
+from app.desktop.settings_dialog import SettingsDialog
 from app.desktop.theme import resolve_theme
 
 YES, NO = QMessageBox.StandardButton.Yes, QMessageBox.StandardButton.No

@@ -17,7 +17,7 @@ import importlib.util
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -25,22 +25,8 @@ import torch
 from app.bench.gpu_device import half_dtype, peak_bandwidth
 from app.bench.gpu_engine import engine_grid
 from app.bench.gpu_kernels import kernel_checks, kernel_grid
+from app.bench.gpu_settings import GpuBenchSettings
 from engine.model.loader import LoadedModel, load_model
-
-
-@dataclass
-class GpuBenchSettings:
-    out: Path = Path("bench_out")
-    kernel_batches: tuple[int, ...] = (1, 4, 16, 64)
-    kernel_contexts: tuple[int, ...] = (512, 2048, 8192)
-    kernel_heads: tuple[int, int, int] = (32, 8, 128)  # query heads, KV heads, head dim
-    kernel_iters: int = 20
-    kernel_warmup: int = 3
-    engine_batches: tuple[int, ...] = (1, 8, 64)
-    engine_contexts: tuple[int, ...] = (512, 2048, 8192)
-    decode_steps: int = 32
-    warmup_steps: int = 4
-    block_size: int = 16
 
 
 def gpu_unavailable_reason() -> str | None:

@@ -22,7 +22,7 @@ from engine.bench.contiguous_sdpa import ContiguousSdpaBaseline
 from engine.model.loader import LoadedModel
 
 if TYPE_CHECKING:
-    from app.bench.gpu import GpuBenchSettings
+    from app.bench.gpu_settings import GpuBenchSettings
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -23,7 +23,7 @@ from engine.bench.contiguous_sdpa import sdpa_decode
 from engine.bench.decode_split import decode_with_splits, heuristic_num_splits
 
 if TYPE_CHECKING:
-    from app.bench.gpu import GpuBenchSettings
+    from app.bench.gpu_settings import GpuBenchSettings
 
 CHECK_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 

@@ -293,7 +293,7 @@ def _free_port() -> int:
 
 def server_command(args: argparse.Namespace, port: int, clients: int) -> list[str]:
     """`kvscope serve` with the bench's engine flags, every client fitting in one batch."""
-    from app.cli.main import engine_knobs
+    from app.core.engine_flags import engine_knobs
 
     cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     for f in engine_knobs():

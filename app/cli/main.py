@@ -6,15 +6,10 @@ import argparse
 import os
 import sys
 import typing
-from dataclasses import Field
 
 from app.core.block_hashes import ALGOS, DEFAULT_ALGO
-from engine.config import KNOB, QUANTIZATIONS, EngineConfig, user_knobs
-
-
-def engine_knobs() -> list[Field]:
-    """EngineConfig's fields that `generate`, `chat` and `record` take as flags."""
-    return [f for f in user_knobs() if f.metadata[KNOB].cli]
+from app.core.engine_flags import SAMPLING_FLAGS, engine_knobs
+from engine.config import KNOB, QUANTIZATIONS, EngineConfig
 
 
 def _engine_args(p: argparse.ArgumentParser, skip=()) -> None:
@@ -36,16 +31,6 @@ def _flag_type(hint: object) -> type:
     """int for `int | None`; str for a string or a path."""
     kinds = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
     return kinds[0] if len(kinds) == 1 else str
-
-
-# SamplingParams fields the terminal commands take, as (type, default): greedy unless told.
-SAMPLING_FLAGS = {
-    "max_tokens": (int, 256),
-    "temperature": (float, 0.0),
-    "top_p": (float, 1.0),
-    "top_k": (int, -1),
-    "seed": (int, None),
-}
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -301,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from app.desktop.window import run_window
+    from app.desktop.launch import run_window
 
     return run_window(demo=args.demo, screenshot=args.screenshot, connections=connections)
 

@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def record(args: argparse.Namespace) -> int:
-    from app.cli.terminal import llm_from_args
+    from app.core.engine_flags import llm_from_args
     from engine import SamplingParams
 
     requests = load_chat_workload(None, args.num_requests, args.max_tokens_cap)

@@ -5,13 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.cli.main import SAMPLING_FLAGS, engine_knobs
+from app.core.engine_flags import SAMPLING_FLAGS, llm_from_args
 from engine import LLM, SamplingParams
-
-
-def llm_from_args(args: argparse.Namespace) -> LLM:
-    """An engine from the engine flags of the terminal subcommands."""
-    return LLM(**{f.name: getattr(args, f.name) for f in engine_knobs()})
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:

@@ -132,8 +132,8 @@ class EngineInfo:
     @classmethod
     def of(cls, llm, settings: EngineSettings) -> EngineInfo:
         """Read from a built LLM (on the worker thread) and the settings it was built from."""
-        from app.desktop.model_picker import count_parameters
         from engine import planner
+        from engine.weight_fit import count_parameters
 
         engine = llm.engine
         mc = engine.model_config

@@ -10,7 +10,6 @@ from PySide6.QtWidgets import QApplication
 
 from app.core.paths import ASSETS_DIR
 
-THEMES = ("system", "light", "dark")
 STYLESHEETS = {"dark": "style.qss", "light": "style_light.qss"}
 KEEPER_NAME = "themeKeeper"
 

@@ -11,9 +11,7 @@ and shows errors.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (
-    QApplication,
     QMainWindow,
     QMessageBox,
     QSplitter,
@@ -24,15 +22,9 @@ from app.core.chat_recovery import open_chat_store
 from app.core.chat_store import default_store_path
 from app.core.engine_messages import EngineInfo, Telemetry
 from app.core.model_discovery import remember_model
-from app.core.paths import ASSETS_DIR, data_dir
+from app.core.paths import data_dir
 from app.core.request_ids import conversation_of_group, group_of
-from app.core.settings import (
-    AppSettings,
-    SettingsDialog,
-    load_settings,
-    save_settings,
-    settings_path,
-)
+from app.core.settings import AppSettings, load_settings, save_settings, settings_path
 from app.desktop.chat.chat_view import ChatView
 from app.desktop.chat.conversation_list import ConversationList
 from app.desktop.chat_controller import ChatController
@@ -42,6 +34,7 @@ from app.desktop.recording_controls import RecordingControls
 from app.desktop.remote_view.connect_dialog import add_connect_action
 from app.desktop.remote_view.view import RemoteView
 from app.desktop.server_controls import ServerControls
+from app.desktop.settings_dialog import SettingsDialog
 from app.desktop.status_bar import EngineStatusBar
 from app.desktop.theme import theme_keeper
 from app.desktop.window_menu import add_engine_actions, build_menus
@@ -372,33 +365,3 @@ class MainWindow(QMainWindow):
         self.client.shutdown()
         self.store.close()
         super().closeEvent(event)
-
-
-def set_app_icon(app: QApplication) -> None:
-    """The app icon; each window applies its theme (app/desktop/theme.py)."""
-    icon = ASSETS_DIR / "kvscope.png"
-    if icon.is_file():  # drawn by packaging/make_icons.py
-        app.setWindowIcon(QIcon(str(icon)))
-
-
-def run_window(
-    demo: int | None = None, screenshot: str | None = None, connections: list[Connection] = ()
-) -> int:
-    app = QApplication.instance() or QApplication([])
-    app.setApplicationName("KVScope")
-    set_app_icon(app)
-    if demo:
-        from app.desktop.demo import run_demo
-
-        return run_demo(app, demo, screenshot)
-    window = MainWindow(connections=connections)
-    window.show()
-    if screenshot:  # a picture of the window with the model loaded, then exit
-
-        def grab(_info) -> None:
-            app.exit(0 if window.grab().save(screenshot) else 1)
-            window.close()
-
-        window.engine_ready.connect(grab)
-        window.engine_failed.connect(lambda _message: (window.close(), app.exit(1)))
-    return app.exec()

@@ -191,7 +191,7 @@ def build_app(state: ServerState, api_key: str | None) -> FastAPI:
 
 def run(args: argparse.Namespace) -> int:
     """`kvscope serve`."""
-    from app.cli.terminal import llm_from_args
+    from app.core.engine_flags import llm_from_args
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.kv_events_replay and not args.kv_events:
