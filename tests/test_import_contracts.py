@@ -16,16 +16,37 @@ from importlinter.cli import lint_imports
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _contracts() -> dict[str, dict]:
+def _contracts() -> list[dict]:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    return {c["type"]: c for c in config["contracts"]}
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def _of_type(kind: str) -> list[dict]:
+    return [c for c in _contracts() if c["type"] == kind]
 
 
 def test_the_layers_and_the_acyclic_contracts_are_configured():
-    contracts = _contracts()
-    assert contracts["layers"]["layers"] == ["app", "engine", "kernels"]
-    assert set(contracts["acyclic_siblings"]["ancestors"]) == {"engine", "kernels"}
+    layers = [c["layers"] for c in _of_type("layers")]
+    assert ["app", "engine", "kernels"] in layers
+    # app by product: the entry point on top, the shared layer at the bottom
+    assert ["app.cli", "app.desktop | app.bench", "app.serve | app.remote", "app.core"] in layers
+    [acyclic] = _of_type("acyclic_siblings")
+    assert set(acyclic["ancestors"]) == {"app", "engine", "kernels"}
+
+
+def test_the_products_are_independent_but_for_named_uses():
+    [independence] = _of_type("independence")
+    assert set(independence["modules"]) == {"app.desktop", "app.serve", "app.remote", "app.bench"}
+    # each exception is one product using another, never the shared layer reaching up
+    for line in independence["ignore_imports"]:
+        importer, imported = (side.strip() for side in line.split("->"))
+        assert importer.split(".")[1] != imported.split(".")[1], line
+        assert "app.core" not in importer, line
+
+
+def test_app_has_no_loose_modules_but_its_entry_points():
+    loose = sorted(p.name for p in (ROOT / "app").glob("*.py") if p.name != "__init__.py")
+    assert loose == [], f"app/ holds modules outside its product folders: {loose}"
 
 
 def test_the_import_contracts_hold(monkeypatch):
