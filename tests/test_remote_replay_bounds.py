@@ -13,7 +13,8 @@ from served import free_endpoint
 from test_remote_subscriber import Recorder, payload, stop_promptly
 
 from app.remote.kv_replay import ReplayClient, ReplayFailed
-from app.remote.kv_subscriber import MAX_SEQ, KVEventSubscriber
+from app.remote.kv_stream import MAX_SEQ
+from app.remote.kv_subscriber import KVEventSubscriber
 
 
 class HostileReplay:

@@ -13,7 +13,8 @@ import pytest
 from remote_fakes import FakeKVServer, free_endpoint, wait_until
 from served import engine_event_hashes, start_server
 
-from app.remote.kv_subscriber import RESTART_SEQ, KVEventSubscriber
+from app.remote.kv_stream import RESTART_SEQ
+from app.remote.kv_subscriber import KVEventSubscriber
 from app.remote.kv_wire import AllBlocksCleared
 from app.remote.remote_cache import RemoteCache
 

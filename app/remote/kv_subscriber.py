@@ -1,5 +1,8 @@
 """Follow one server's KV event stream: a SUB socket, the replay DEALER, a thread of its own.
 
+This module holds the sockets, the thread and the connection states; what the frames mean
+(seq order, gaps, replays, restarts, the status they add up to) is app/remote/kv_stream.py.
+
 Protocol (vLLM 0.33's vllm/distributed/kv_events.py; app/serve/kv_events.py is ours): the PUB
 socket sends multipart (topic, seq as 8-byte big-endian, payload); the replay socket is read by
 app/remote/kv_replay.py. tests/test_vllm_kv_events.py feeds this subscriber from vLLM's own
@@ -38,46 +41,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from app.remote.kv_replay import ReplayClient, ReplayFailed
-from app.remote.kv_wire import AllBlocksCleared, EventBatch, MalformedFrame, decode_batch
+from app.remote.kv_replay import ReplayClient
+from app.remote.kv_stream import STATUS_EVERY_S, KVStream, SubscriberStatus
+from app.remote.kv_wire import EventBatch
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05
 MAX_FRAME_BYTES = 64 << 20  # a batch of thousands of 16-token blocks is a few MiB
-MAX_SEQ = 1 << 40
-RESTART_SEQ = -1  # the seq of the synthetic clearing batch delivered on a restart
-STATUS_EVERY_S = 0.25  # seq-only status changes are reported at most this often
 
 
-@dataclass(frozen=True)
-class SubscriberStatus:
-    state: str  # "connecting" | "live" | "silent" | "stopped"
-    last_seq: int | None  # the last seq handed to on_batch
-    recovered: int  # batches the replay socket gave back (gaps and the initial history)
-    missed: int  # seqs lost for good (gaps the replay could not fill)
-    malformed: int  # frames that did not decode
-    restarts: int  # server restarts detected
-    error: str  # the latest trouble, "" when none
-    since: float  # time.time() the state was entered
-    connected: bool = False
-    retry_at: float | None = None  # time.time() of ZMQ's next connection attempt, when known
-    retry_in_s: float | None = None  # the backoff interval that attempt waits (doubles to a cap)
-    last_frame_at: float | None = None  # time.time() of the last live frame
-    connected_at: float | None = None  # time.time() of the latest connection
-    batches: int = 0  # batches handed to on_batch
-    first_seq: int | None = None  # the first seq we hold: > 0 means older history is unknown
-    resets: int = 0  # AllBlocksCleared after the stream's first batch (a cache reset, or a
-    # restarted server announcing itself; our own server sends one as its seq 0)
-    replay: bool = False  # a replay endpoint is configured
+class KVEventSubscriber(KVStream):
+    """The sockets and the thread; what the frames mean is KVStream's (kv_stream.py)."""
 
-
-class KVEventSubscriber:
     def __init__(
         self,
         endpoint: str,
@@ -93,32 +73,16 @@ class KVEventSubscriber:
         lo, hi = backoff
         if not 0 < lo <= hi:
             raise ValueError(f"backoff must be (first, cap) with 0 < first <= cap, got {backoff!r}")
-        self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
+        super().__init__(endpoint, on_batch, on_status, replay=bool(replay_endpoint))
+        self.replay_endpoint = replay_endpoint
         self.topic = topic.encode("utf-8")
-        self.on_batch = on_batch or (lambda seq, batch: None)
-        self.on_status = on_status or (lambda status: None)
         self.backoff = (lo, hi)
         self.silent_after_s = silent_after_s
         self.replay_timeout_s = replay_timeout_s
         self.heartbeat_s = heartbeat_s
-        self._lock = threading.Lock()
-        self._status = SubscriberStatus(
-            "connecting", None, 0, 0, 0, 0, "", time.time(), replay=bool(replay_endpoint)
-        )
-        self._reported_at = 0.0
-        self._report_pending = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # Thread-owned stream state.
-        self._expected: int | None = None  # next seq to apply
-        self._last_live: int | None = None  # last seq seen on the PUB socket
-        self._last_payload: bytes | None = None  # payload of seq _expected - 1, to verify
-        self._verify = False  # after a reconnect: check the server is the one we followed
-        self._connected_at = 0.0
-        self._was_connected = False
-        self._last_frame_mono = 0.0
         self._ctx: zmq.Context | None = None
-        self._replay: ReplayClient | None = None
 
     # ---- public ------------------------------------------------------------------------
     def start(self) -> KVEventSubscriber:
@@ -136,41 +100,6 @@ class KVEventSubscriber:
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
-
-    def status(self) -> SubscriberStatus:
-        with self._lock:
-            return self._status
-
-    # ---- status ------------------------------------------------------------------------
-    def _set(self, **changes) -> None:
-        with self._lock:
-            old = self._status
-            if old.state == "stopped" and changes.get("state", "stopped") != "stopped":
-                return
-            new = replace(old, **changes)
-            if new.state != old.state:
-                new = replace(new, since=time.time())
-            self._status = new
-        seq_only = all(k in ("last_seq", "batches", "last_frame_at") for k in changes)
-        now = time.monotonic()
-        if new == old:
-            return
-        if seq_only and now - self._reported_at < STATUS_EVERY_S:
-            self._report_pending = True  # _tick reports it once STATUS_EVERY_S has passed
-            return
-        self._report_pending = False
-        self._reported_at = now
-        try:
-            self.on_status(new)
-        except Exception:  # the consumer's bug must not end the stream
-            log.exception("KV subscriber on_status callback failed")
-
-    def _bump(self, name: str, by: int = 1, error: str | None = None) -> None:
-        status = self.status()
-        changes = {name: getattr(status, name) + by}
-        if error is not None:
-            changes["error"] = error
-        self._set(**changes)
 
     # ---- the thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -326,151 +255,3 @@ class KVEventSubscriber:
         state = "silent" if quiet >= self.silent_after_s else "live"
         if state != status.state:
             self._set(state=state)
-
-    # ---- sequence handling -------------------------------------------------------------
-    def _on_live(self, frames: list[bytes]) -> None:
-        self._last_frame_mono = time.monotonic()
-        if not self.status().connected:  # a frame proves it, whatever the monitor said
-            self._connected_at = self._last_frame_mono
-            self._was_connected = True
-            self._set(state="live", connected=True, retry_at=None)
-        self._set(last_frame_at=time.time())
-        if len(frames) != 3 or len(frames[1]) != 8:
-            self._bump(
-                "malformed", error=f"a frame of {len(frames)} parts, not (topic, seq, payload)"
-            )
-            return
-        _, seq_bytes, payload = frames
-        seq = int.from_bytes(seq_bytes, "big", signed=True)
-        if not 0 <= seq < MAX_SEQ:
-            self._bump("malformed", error=f"a live frame with seq {seq}")
-            return
-        if self._verify:
-            self._verify_same_server()
-        if self._expected is not None and seq < self._expected:
-            if self._last_live is None or seq > self._last_live:
-                self._last_live = seq  # already applied from a replay
-                return
-            self._restarted(f"seq went back from {self._last_live} to {seq}")
-        self._last_live = seq
-        if self._expected is None:  # nothing applied yet: the history first, if it can be had
-            self._fill(seq)
-            if self._expected is None:
-                self._expected = seq  # older history unknown (first_seq says from where)
-                self._missed_before(seq)
-        if seq > self._expected:
-            self._fill(seq)
-        if seq < self._expected:
-            return  # the replay brought it already
-        if seq > self._expected:  # not recovered
-            self._bump("missed", seq - self._expected)
-        self._apply(seq, payload)
-
-    def _sync_on_connect(self) -> None:
-        """On (re)connecting: the history the replay socket holds, and a restart check."""
-        if self._replay is None:
-            return
-        if self._verify:
-            self._verify_same_server()
-            if self._verify:
-                return  # the check could not run; retried on the next frame
-        start = 0 if self._expected is None else self._expected
-        try:
-            self._replay_into(start, until=None)
-        except ReplayFailed as e:
-            self._set(error=str(e))
-
-    def _verify_same_server(self) -> None:
-        if self._expected is None or self._expected == 0 or self._last_payload is None:
-            self._verify = False
-            return
-        if self._replay is None:
-            self._verify = False
-            return
-        if not self._replay.ready():
-            return  # backing off after a failed replay; checked again on a later frame
-        last = self._expected - 1
-        try:
-            frames = self._replay.request(last)
-        except ReplayFailed as e:
-            self._set(error=str(e))
-            return
-        self._verify = False
-        first = frames[0] if frames else None
-        if first is None or first[0] != last or first[1] != self._last_payload:
-            self._restarted(f"after reconnecting, seq {last} is not the batch we applied")
-            try:
-                self._replay_into(0, until=None)  # the new server's history
-            except ReplayFailed as e:
-                self._set(error=str(e))
-            return
-        self._deliver(frames[1:], until=None)
-
-    def _restarted(self, why: str) -> None:
-        log.info("KV events %s: server restarted (%s)", self.endpoint, why)
-        self._bump("restarts", error=f"server restarted: {why}")
-        self._expected = 0
-        self._last_live = None
-        self._last_payload = None
-        self._set(first_seq=None)
-        self._emit(RESTART_SEQ, EventBatch(ts=time.time(), events=[AllBlocksCleared()]))
-
-    def _fill(self, upto: int) -> None:
-        """Seqs _expected .. upto-1 from the replay socket (and whatever follows them)."""
-        if self._replay is None or not self._replay.ready():
-            return
-        try:
-            self._replay_into(self._expected or 0, until=None)
-        except ReplayFailed as e:
-            self._set(error=str(e))
-
-    def _replay_into(self, start: int, until: int | None) -> None:
-        self._deliver(self._replay.request(start), until)
-
-    def _deliver(self, frames: list[tuple[int, bytes]], until: int | None) -> None:
-        for seq, payload in frames:
-            if until is not None and seq >= until:
-                break
-            if not seq < MAX_SEQ:
-                self._bump("malformed", error=f"a replayed frame with seq {seq}")
-                return
-            if self._expected is None:
-                self._expected = seq  # the oldest batch the server still buffers
-                self._missed_before(seq)
-            if seq < self._expected:
-                continue
-            if seq > self._expected:
-                self._bump("missed", seq - self._expected)
-            self._apply(seq, payload)
-            self._bump("recovered")
-
-    def _missed_before(self, first: int) -> None:
-        """The stream starts at `first`: the batches 0..first-1 of this publisher are lost."""
-        if first > 0:
-            self._bump("missed", first, error=f"joined at seq {first}; older batches are gone")
-
-    def _apply(self, seq: int, payload: bytes) -> None:
-        self._expected = seq + 1
-        self._last_payload = payload
-        if self.status().first_seq is None:
-            self._set(first_seq=seq)
-        try:
-            batch = decode_batch(payload)
-        except MalformedFrame as e:
-            self._bump("malformed", error=f"seq {seq}: {e}")
-            return
-        self._emit(seq, batch)
-
-    def _emit(self, seq: int, batch: EventBatch) -> None:
-        try:
-            self.on_batch(seq, batch)
-        except Exception as e:  # the consumer's bug must not end the stream
-            log.exception("KV subscriber on_batch callback failed")
-            self._set(error=f"on_batch failed at seq {seq}: {e}")
-        if seq < 0:
-            return
-        status = self.status()
-        changes = {"last_seq": seq, "batches": status.batches + 1}
-        if status.first_seq != seq and any(isinstance(e, AllBlocksCleared) for e in batch.events):
-            changes["resets"] = status.resets + 1
-        self._set(**changes)
