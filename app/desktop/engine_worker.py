@@ -4,7 +4,8 @@ The GUI talks to it through `EngineClient` (app/desktop/engine_client.py) only: 
 queued signal, every answer comes back as a signal (app/core/engine_messages.py), so the GUI thread
 never waits on a step. The worker's loop is a zero-interval single-shot timer that runs one
 `engine.step()` per event-loop turn; submits, stops, block queries and settings changes are
-queued events that run between steps.
+queued events that run between steps. Building and rebuilding the engine, and the telemetry,
+are its base class's (EngineHost, app/desktop/engine_host.py); this module handles requests.
 
 Telemetry: at most every 100 ms, and only when the pool changed, the worker takes
 `kv_snapshot()`, `shadow_snapshot()` and `stats()`; device memory is read every 500 ms. They go
@@ -35,38 +36,29 @@ from __future__ import annotations
 import gc
 import time
 
-from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QThread, QTimer, Signal, Slot
 
 from app.core.context_fit import fit_conversation, prompt_ids, reply_reserve
 from app.core.engine_messages import (
     ContextUsage,
-    EngineInfo,
     RecordingState,
     ReplyUpdate,
     ServerState,
-    Telemetry,
 )
 from app.core.settings import EngineSettings
-from engine.device_memory import read_device_memory
-from engine.kv.snapshot import KVSnapshot
+from app.desktop.engine_host import TELEMETRY_INTERVAL_S, EngineHost, describe_error
 
-TELEMETRY_INTERVAL_S = 0.1
-DEVICE_MEMORY_INTERVAL_S = 0.5
 RECORD_WHEN_IDLE = (
     "Recording starts when the engine is idle: wait for the replies in flight (and stop "
     "simulated users), then press Record again."
 )
 
 
-class EngineWorker(QObject):
+class EngineWorker(EngineHost):
     """Owns the LLM. Create it, move it to a QThread, then drive it through its slots."""
 
-    engine_ready = Signal(object)  # EngineInfo
-    engine_failed = Signal(str)  # load / rebuild error; the previous engine (if any) stays
-    busy = Signal(str)  # what the worker is doing ("" when idle between steps)
     request_output = Signal(object)  # ReplyUpdate
     request_failed = Signal(str, str)  # request id, message
-    telemetry = Signal(object)  # Telemetry
     block_info = Signal(int, object)  # block id, dict from engine.block_contents
     context_usage = Signal(object)  # ContextUsage, the answer to count_tokens
     error = Signal(str)  # an engine error outside any one request
@@ -76,19 +68,8 @@ class EngineWorker(QObject):
     _server_wake = Signal()  # from the HTTP thread: served requests are queued
 
     def __init__(self, settings: EngineSettings, loaded_model=None) -> None:
-        super().__init__()
-        self.llm = None
-        self._settings = settings
-        # The model's config, tokenizer and weight source (no weights: a rebuild reads them from
-        # the file again, so no host copy lingers), keyed by the settings' model path.
-        self._loaded = loaded_model
-        self._loaded_key = settings.model
+        super().__init__(settings, loaded_model)
         self._requests: dict[str, int] = {}  # request id -> dropped turns
-        self._dirty = True
-        self._last_publish = 0.0
-        self._last_memory = 0.0
-        self._device_memory: dict | None = None
-        self._last_snapshots: tuple[KVSnapshot, KVSnapshot | None] | None = None
         self._step_timer: QTimer | None = None
         self._telemetry_timer: QTimer | None = None
         self._load = None  # LoadGenerator while simulated users run
@@ -131,68 +112,6 @@ class EngineWorker(QObject):
         self.stop_recording()
         self._build(settings)
 
-    def _build(self, settings: EngineSettings) -> None:
-        from engine import LLM
-        from engine.cpu_kernels import prepare_cpu_kernels
-        from engine.model.loader import load_model
-
-        building = "Loading the model…" if self.llm is None else "Rebuilding the engine…"
-        self.busy.emit(building)
-        try:
-            kwargs = settings.llm_kwargs()  # validates every knob before anything is freed
-            if self._loaded is None or settings.model != self._loaded_key:
-                # A first GGUF tokenizer conversion (30 s for Gemma 3) shows in the status line.
-                loaded = load_model(settings.model, progress=self.busy.emit)
-            else:
-                loaded = self._loaded
-        except Exception as e:  # any unreadable model file: report it, keep the old engine
-            self.busy.emit("")
-            self.engine_failed.emit(_describe(e))
-            return
-        previous = (self._loaded, self._loaded_key, self._settings)
-        # Free the old pool before sizing the new one (on a GPU the new one is sized from what
-        # is left): dropping the last reference frees it, no cycle holds it. No gc.collect()
-        # here: a collection on this thread can finalize the GUI thread's Qt objects, and
-        # PySide then deadlocks in the QObject destructor waiting for the GIL.
-        self.llm = None
-        gc.unfreeze()
-        try:
-            # A first compile of the CPU kernels (seconds) shows as such, then the build goes on.
-            said: list[str] = []
-
-            def announce(line: str) -> None:
-                said.append(line)
-                self.busy.emit(line)
-
-            prepare_cpu_kernels(settings.device, announce)
-            if said:
-                self.busy.emit(building)
-            llm = LLM(model=loaded, **kwargs)
-        except Exception as e:
-            message = _describe(e)
-            self.llm = None
-            if previous[0] is not None:
-                try:
-                    self.llm = LLM(model=previous[0], **previous[2].llm_kwargs())
-                except Exception as again:
-                    message += f"\nRestoring the previous engine failed too: {_describe(again)}"
-            self.busy.emit("")
-            self.engine_failed.emit(message)
-            if self.llm is not None:
-                self.engine_ready.emit(EngineInfo.of(self.llm, previous[2]))
-            return
-        self.llm = llm
-        self._loaded, self._loaded_key, self._settings = loaded, settings.model, settings
-        # Weights, tokenizer and engine live until the next rebuild. Freezing them keeps the
-        # cyclic GC from rescanning them: a full collection took 300-400 ms here, and it holds
-        # the GIL, which would stall the GUI thread mid-generation.
-        gc.freeze()
-        self._dirty = True
-        self._last_snapshots = None
-        self.busy.emit("")
-        self.engine_ready.emit(EngineInfo.of(self.llm, settings))
-        self._publish()
-
     # ---- requests ------------------------------------------------------------------------
     @Slot(str, str, object, object, str)
     def submit(
@@ -214,7 +133,7 @@ class EngineWorker(QObject):
             self.request_failed.emit(request_id, str(e))
             return
         except Exception as e:  # anything else still ends the reply: never stuck "generating"
-            self.request_failed.emit(request_id, f"could not start this reply: {_describe(e)}")
+            self.request_failed.emit(request_id, f"could not start this reply: {describe_error(e)}")
             return
         self._requests[request_id] = dropped
         self._dirty = True
@@ -432,7 +351,7 @@ class EngineWorker(QObject):
 
     def _step_failed(self, e: Exception) -> None:
         engine = self.llm.engine
-        self.error.emit(f"Engine step failed: {_describe(e)}")
+        self.error.emit(f"Engine step failed: {describe_error(e)}")
         for request_id in list(self._requests):
             engine.abort_request(request_id)
             self._requests.pop(request_id)
@@ -441,28 +360,3 @@ class EngineWorker(QObject):
         if self._server is not None:
             self._server.engine_loop.fail_all(e, engine_failed=True)
         self._dirty = True
-
-    @Slot()
-    def _publish(self) -> None:
-        if self.llm is None:
-            return
-        now = time.monotonic()
-        memory_due = now - self._last_memory >= DEVICE_MEMORY_INTERVAL_S
-        if not (self._dirty or memory_due):
-            return
-        if memory_due:
-            self._last_memory = now
-            self._device_memory = read_device_memory().to_dict()
-        if self._dirty or self._last_snapshots is None:
-            engine = self.llm.engine
-            self._last_snapshots = (engine.kv_snapshot(), engine.shadow_snapshot())
-            self._dirty = False
-        self._last_publish = now
-        paged, shadow = self._last_snapshots
-        self.telemetry.emit(Telemetry(paged, shadow, self.llm.stats(), self._device_memory))
-        self._report_load()  # its running / waiting split follows the new snapshot
-
-
-def _describe(e: BaseException) -> str:
-    text = str(e) or repr(e)
-    return text if isinstance(e, (ValueError, FileNotFoundError)) else f"{type(e).__name__}: {text}"

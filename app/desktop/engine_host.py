@@ -1,0 +1,140 @@
+"""EngineHost: the engine the worker owns, built and rebuilt, and the telemetry it shows.
+
+The base of EngineWorker (app/desktop/engine_worker.py, which handles what is asked of the engine:
+replies, block queries, recording, serving, simulated users). Here: loading the model and
+building the LLM, a rebuild that frees the old pool first and restores the previous engine when
+the new one fails, and the telemetry (snapshots, stats, device memory) the GUI draws. Both run on
+the worker thread.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from app.core.engine_messages import EngineInfo, Telemetry
+from app.core.settings import EngineSettings
+from engine.device_memory import read_device_memory
+from engine.kv.snapshot import KVSnapshot
+
+TELEMETRY_INTERVAL_S = 0.1
+DEVICE_MEMORY_INTERVAL_S = 0.5
+
+
+class EngineHost(QObject):
+    """The LLM and its telemetry; EngineWorker adds the slots that use it."""
+
+    engine_ready = Signal(object)  # EngineInfo
+    engine_failed = Signal(str)  # load / rebuild error; the previous engine (if any) stays
+    busy = Signal(str)  # what the worker is doing ("" when idle between steps)
+    telemetry = Signal(object)  # Telemetry
+
+    def __init__(self, settings: EngineSettings, loaded_model=None) -> None:
+        super().__init__()
+        self.llm = None
+        self._settings = settings
+        # The model's config, tokenizer and weight source (no weights: a rebuild reads them from
+        # the file again, so no host copy lingers), keyed by the settings' model path.
+        self._loaded = loaded_model
+        self._loaded_key = settings.model
+        self._dirty = True
+        self._last_publish = 0.0
+        self._last_memory = 0.0
+        self._device_memory: dict | None = None
+        self._last_snapshots: tuple[KVSnapshot, KVSnapshot | None] | None = None
+
+    # ---- build and rebuild (runs in the worker thread) -------------------------------------
+    def _build(self, settings: EngineSettings) -> None:
+        from engine import LLM
+        from engine.cpu_kernels import prepare_cpu_kernels
+        from engine.model.loader import load_model
+
+        building = "Loading the model…" if self.llm is None else "Rebuilding the engine…"
+        self.busy.emit(building)
+        try:
+            kwargs = settings.llm_kwargs()  # validates every knob before anything is freed
+            if self._loaded is None or settings.model != self._loaded_key:
+                # A first GGUF tokenizer conversion (30 s for Gemma 3) shows in the status line.
+                loaded = load_model(settings.model, progress=self.busy.emit)
+            else:
+                loaded = self._loaded
+        except Exception as e:  # any unreadable model file: report it, keep the old engine
+            self.busy.emit("")
+            self.engine_failed.emit(describe_error(e))
+            return
+        previous = (self._loaded, self._loaded_key, self._settings)
+        # Free the old pool before sizing the new one (on a GPU the new one is sized from what
+        # is left): dropping the last reference frees it, no cycle holds it. No gc.collect()
+        # here: a collection on this thread can finalize the GUI thread's Qt objects, and
+        # PySide then deadlocks in the QObject destructor waiting for the GIL.
+        self.llm = None
+        gc.unfreeze()
+        try:
+            # A first compile of the CPU kernels (seconds) shows as such, then the build goes on.
+            said: list[str] = []
+
+            def announce(line: str) -> None:
+                said.append(line)
+                self.busy.emit(line)
+
+            prepare_cpu_kernels(settings.device, announce)
+            if said:
+                self.busy.emit(building)
+            llm = LLM(model=loaded, **kwargs)
+        except Exception as e:
+            message = describe_error(e)
+            self.llm = None
+            if previous[0] is not None:
+                try:
+                    self.llm = LLM(model=previous[0], **previous[2].llm_kwargs())
+                except Exception as again:
+                    message += (
+                        f"\nRestoring the previous engine failed too: {describe_error(again)}"
+                    )
+            self.busy.emit("")
+            self.engine_failed.emit(message)
+            if self.llm is not None:
+                self.engine_ready.emit(EngineInfo.of(self.llm, previous[2]))
+            return
+        self.llm = llm
+        self._loaded, self._loaded_key, self._settings = loaded, settings.model, settings
+        # Weights, tokenizer and engine live until the next rebuild. Freezing them keeps the
+        # cyclic GC from rescanning them: a full collection took 300-400 ms here, and it holds
+        # the GIL, which would stall the GUI thread mid-generation.
+        gc.freeze()
+        self._dirty = True
+        self._last_snapshots = None
+        self.busy.emit("")
+        self.engine_ready.emit(EngineInfo.of(self.llm, settings))
+        self._publish()
+
+    # ---- telemetry -----------------------------------------------------------------------
+    @Slot()
+    def _publish(self) -> None:
+        if self.llm is None:
+            return
+        now = time.monotonic()
+        memory_due = now - self._last_memory >= DEVICE_MEMORY_INTERVAL_S
+        if not (self._dirty or memory_due):
+            return
+        if memory_due:
+            self._last_memory = now
+            self._device_memory = read_device_memory().to_dict()
+        if self._dirty or self._last_snapshots is None:
+            engine = self.llm.engine
+            self._last_snapshots = (engine.kv_snapshot(), engine.shadow_snapshot())
+            self._dirty = False
+        self._last_publish = now
+        paged, shadow = self._last_snapshots
+        self.telemetry.emit(Telemetry(paged, shadow, self.llm.stats(), self._device_memory))
+        self._report_load()  # its running / waiting split follows the new snapshot
+
+    def _report_load(self) -> None:
+        """After each telemetry: EngineWorker says how its simulated users are doing."""
+
+
+def describe_error(e: BaseException) -> str:
+    text = str(e) or repr(e)
+    return text if isinstance(e, (ValueError, FileNotFoundError)) else f"{type(e).__name__}: {text}"
