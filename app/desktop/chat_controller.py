@@ -7,11 +7,9 @@ a crash loses at most the reply in flight. Each chat keeps its own sampling sett
 start from the app's defaults), and a reply always reads the chat as stored, after any edit still
 waiting to be saved. The window builds the widgets and hands them here.
 
-A chat runs on this engine or on a model of a connected server (the picker above the composer;
-stored with the chat; ChatBackends finds its client). Replies on a server go through a
-RemoteChatClient, which has the engine client's surface, so sending, stopping and regenerating
-are the same code. A chat whose connection is gone keeps its history and its choice, and says
-so instead of replying.
+A chat runs on this engine or on a connected server's model (ChatBackendChoice, in its own
+module); replies on a server go through a RemoteChatClient, which has the engine client's
+surface, so sending, stopping and regenerating are the same code.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.core.chat_store import ChatStore, Conversation, RemoteTarget
+from app.core.chat_store import ChatStore, Conversation
 from app.core.engine_messages import ReplyUpdate
 from app.core.request_ids import conversation_group, conversation_request_id
 from app.core.settings import SamplingSettings
@@ -31,6 +29,7 @@ from app.desktop.chat.chat_view import ChatView
 from app.desktop.chat.context_meter import ContextMeterFeed
 from app.desktop.chat.conversation_list import ConversationList
 from app.desktop.chat.markdown import plain_text
+from app.desktop.chat_backend_choice import ChatBackendChoice
 from app.desktop.chat_backends import ChatBackends
 from app.desktop.engine_client import EngineClient
 from app.remote.remote_models_qt import RemoteModels
@@ -51,7 +50,7 @@ class PendingReply:
     client: object = None  # who generates it: the engine's client or a RemoteChatClient
 
 
-class ChatController(QObject):
+class ChatController(ChatBackendChoice, QObject):
     """Lives on the GUI thread: the engine client's answers reach its bound methods queued."""
 
     reply_updated = Signal(object)  # ReplyUpdate of a reply in flight, on the GUI thread
@@ -377,51 +376,6 @@ class ChatController(QObject):
             return
         self.store.select_alternative(message_id, index)
         self._render_current()
-
-    # ---- where a chat runs -----------------------------------------------------------------
-    def set_remote(self, target: RemoteTarget | None) -> None:
-        """The picker's choice for the chat on show: a connection's model, or None (this
-        engine). With no chat open, the next new chat takes it."""
-        if self.current_id is not None:
-            try:
-                self.store.set_remote(self.current_id, target)
-            except (sqlite3.Error, OSError) as e:
-                self.notice_raised.emit(f"The chat's model could not be saved: {e}")
-                self._render_current()  # the picker shows the stored choice again
-                return
-        self.chat.backend_picker.set_current(target)
-        self._refresh_backend_notice()
-        self.context_meter.refresh()
-
-    def _counter_for(self, conversation_id: int | None):
-        if conversation_id is None:
-            return self.client
-        try:
-            conv = self.store.conversation(conversation_id)
-        except KeyError:  # deleted meanwhile
-            return self.client
-        backend = self.backends.for_chat(conv)
-        return f"{conv.remote.connection} is not connected" if isinstance(backend, str) else backend
-
-    def _show_backend_state(self, conv: Conversation | None) -> None:
-        """Say so in the chat when its connection is gone or no longer lists its model."""
-        entries = self.remote_models.entries() if self.remote_models is not None else []
-        message = self.backends.notice_for(conv, entries)
-        if message:
-            self._backend_notice = message
-            self.chat.show_notice(message)
-
-    def _remote_models_changed(self) -> None:
-        self.chat.backend_picker.set_entries(self.remote_models.entries())
-        self._refresh_backend_notice()
-        self.context_meter.refresh()
-
-    def _refresh_backend_notice(self) -> None:
-        if self._backend_notice and self.chat.notice.text() == self._backend_notice:
-            self.chat.clear_notice()  # shown again below if it still holds
-        self._backend_notice = ""
-        cid = self.current_id
-        self._show_backend_state(self.store.conversation(cid) if cid is not None else None)
 
     def keep_in_flight_as_stopped(self) -> None:
         """On close: replies in flight are kept as far as they got, marked stopped."""
