@@ -50,6 +50,21 @@ SEED_SECONDS: dict[str, float] = {
     "tests/test_real_window.py": 11.0,
     "tests/test_vllm_metrics.py": 10.0,
     "tests/test_cpu_fused_decode.py": 9.0,
+    "tests/test_kernels_triton.py": 37.0,
+    "tests/test_cli.py": 32.0,
+    "tests/test_bench_gpu.py": 26.0,
+    "tests/test_serve_schemathesis.py": 26.0,
+    "tests/test_replay_view.py": 25.0,
+    "tests/test_kernels_quant.py": 22.0,
+    "tests/test_app_settings.py": 21.0,
+    "tests/test_serve_api.py": 20.0,
+    "tests/test_serve_app_switch.py": 19.0,
+    "tests/test_contiguous.py": 18.0,
+    "tests/test_hostile_models.py": 17.0,
+    "tests/test_remote_view.py": 16.0,
+    "tests/test_context_meter.py": 16.0,
+    "tests/test_serve_hostile_requests.py": 15.0,
+    "tests/test_serve_connections.py": 12.0,
 }
 
 
