@@ -9,7 +9,8 @@ the routing box's pool, so nothing here blocks. What it draws, top to bottom:
   sits in its pool);
 - a card per replica in its colour: status line (live / silent / reconnecting / down,
   restarts, malformed frames, replayed and lost seqs) and its /metrics tiles;
-- the merged prefix tree (merged_tree.py, prefix_tree.py) and the selected run's text;
+- the merged prefix tree (merged_tree.py, prefix_tree.py; merged off the GUI thread by
+  tree_merging.py) and the selected run's text;
 - rolling plots of blocks held and KV usage per replica, and the routing box; under
   WIDE_FROM_PX (the map column of a 1024 px window) tree, plots and routing become tabs.
 
@@ -23,9 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from html import escape
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QFrame,
     QLabel,
@@ -39,7 +39,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.desktop.remote_view.held_plot import HeldPlots, rate_series, scrape_series, step_series
-from app.desktop.remote_view.merged_tree import TreeRun, count_runs, merge_trees
+from app.desktop.remote_view.merged_tree import TreeRun
 from app.desktop.remote_view.metric_tiles import TILES
 from app.desktop.remote_view.prefix_tree import Detokenizer, PrefixTreeView
 from app.desktop.remote_view.replica_card import ReplicaCard
@@ -47,35 +47,16 @@ from app.desktop.remote_view.replica_colors import ReplicaColors
 from app.desktop.remote_view.routing_box import RoutingBox, Tokenize
 from app.desktop.remote_view.run_texts import RunTexts
 from app.desktop.remote_view.status_line import BAD, StatusLine, status_line
+from app.desktop.remote_view.tree_merging import MergeBridge, TreeMerging
+from app.desktop.remote_view.view_style import VIEW_STYLE
 from app.remote.connection import Connection
 from app.remote.connections_qt import ConnectionList
 
 POLL_MS = 250
-TREE_MIN_S = 1.0  # the tree is redrawn at most this often while the caches keep changing
 MAX_CARDS_SHOWN = 2
 WIDE_FROM_PX = 760  # narrower (the map column of a 1024 px window): tabs, tiles in two rows
 NARROW_TILE_COLUMNS = 4
 PLOT_REDRAW_S = 0.5
-# Dark in both themes, as the block map is (assets/style_light.qss keeps #blockMapPanel dark):
-# the replica colours are the map's palette, chosen for a dark ground. This sheet is the
-# view's own, so it wins over the application's light rules for every widget inside.
-VIEW_STYLE = (
-    "QWidget { background: #101216; color: #C9CED6; }"
-    " QSplitter::handle { background: #22262E; }"
-    " QTextBrowser { background: #15171C; border: 1px solid #2C313B; color: #D5D9E0;"
-    " font-size: 11px; }"
-    " QLineEdit { background: #1B2028; border: 1px solid #2A303B; border-radius: 6px;"
-    " padding: 4px 6px; color: #D7DCE4; }"
-    " QLineEdit:focus { border: 1px solid #4F8CFF; }"
-    " QPushButton, QToolButton { background: #232A35; border: 1px solid #2F3744;"
-    " border-radius: 6px; padding: 5px 12px; color: #D7DCE4; }"
-    " QPushButton:hover, QToolButton:hover { background: #2B3441; }"
-    " QPushButton:disabled, QToolButton:disabled { color: #5D6675; }"
-    " QTabBar::tab { background: #1A1D23; color: #A9B0BD; padding: 4px 12px;"
-    " border: 1px solid #2C313B; border-bottom: none; }"
-    " QTabBar::tab:selected { background: #262A33; color: #E8EAED; }"
-    " QToolTip { background: #222833; color: #E6E9EE; border: 1px solid #3A4352; }"
-)
 KNOWN_CAPTION = (
     "<span style='color:#8C94A3'>Known remotely:</span> block hashes, parent links, token ids,"
     " counts (KV events), /metrics. <span style='color:#8C94A3'>Not known:</span> physical"
@@ -97,12 +78,6 @@ def _default_monitor(connection: Connection):
     return monitor
 
 
-def _merge_timed(caches: list) -> tuple[list[TreeRun], float]:
-    started = time.monotonic()
-    roots = merge_trees(caches)
-    return roots, time.monotonic() - started
-
-
 log = logging.getLogger(__name__)
 _logged: set[tuple[str, str]] = set()
 
@@ -113,10 +88,6 @@ def _log_once(label: str, where: str) -> None:
     if (label, where) not in _logged:
         _logged.add((label, where))
         log.exception("remote view: replica %s failed in %s; the others go on", label, where)
-
-
-class _Bridge(QObject):
-    merged = Signal(object)  # (tree key, caches, (roots, seconds the merge took))
 
 
 def _usage_pct(m) -> float | None:
@@ -134,7 +105,7 @@ def _stop_in_background(monitor) -> None:
     threading.Thread(target=monitor.stop, name="kvscope-monitor-stop", daemon=True).start()
 
 
-class RemoteView(QWidget):
+class RemoteView(TreeMerging, QWidget):
     def __init__(
         self,
         connections: ConnectionList,
@@ -161,7 +132,7 @@ class RemoteView(QWidget):
         self._tree_started = -1e18
         self._tree_cost = 0.0
         self._tree_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-tree")
-        self._bridge = _Bridge(self)
+        self._bridge = MergeBridge(self)
         self._bridge.merged.connect(self._on_merged)
         self._metrics_seen: dict[str, object] = {}
         self._plotted_at = -1e18
@@ -380,67 +351,6 @@ class RemoteView(QWidget):
                 self.cards[label] = card
                 self.cards_layout.addWidget(card)
         self._fit_cards()
-
-    def _tree_key_of(self, snapshots: list) -> tuple:
-        return tuple((s.connection.label, s.cache.version, s.cache.clears) for s in snapshots)
-
-    def tree_settled(self) -> bool:
-        """Whether the tree shows the latest snapshots' caches (it is merged in a worker)."""
-        return self._tree_key == self._tree_key_of(self.snapshots) and not self._tree_busy
-
-    def _update_tree(self) -> None:
-        """Merge the caches in a worker thread (a big cache takes a good part of a second),
-        at most one merge at a time and, while the caches keep changing, no more often than
-        every TREE_MIN_S or three times the last merge's cost."""
-        key = self._tree_key_of(self.snapshots)
-        if key == self._tree_key or self._tree_busy or self._closed:
-            return  # a busy merge is followed by a fresh one at a later tick
-        same_replicas = self._tree_key is not None and [k[0] for k in key] == [
-            k[0] for k in self._tree_key
-        ]
-        wait = max(TREE_MIN_S, 3 * self._tree_cost)
-        if same_replicas and time.monotonic() - self._tree_started < wait:
-            return
-        self._tree_busy = True
-        self._tree_started = time.monotonic()
-        caches = [s.cache for s in self.snapshots]  # copies: no one writes them any more
-        future = self._tree_pool.submit(_merge_timed, caches)
-        future.add_done_callback(lambda f: self._merged_ready(key, caches, f))
-
-    def _merged_ready(self, key: tuple, caches: list, future) -> None:
-        """On the worker thread: hand the merged tree to the GUI thread (queued signal)."""
-        if future.cancelled():
-            return
-        try:
-            self._bridge.merged.emit((key, caches, future.result()))
-        except RuntimeError:  # the view was deleted meanwhile
-            pass
-
-    def _on_merged(self, answer: tuple) -> None:
-        key, caches, (roots, cost) = answer
-        self._tree_busy = False
-        self._tree_cost = cost
-        self._tree_key = key
-        self.roots = roots
-        self.tree.set_roots(roots)
-        self.texts.decode_previews()
-        merged = sum(r.subtree_blocks for r in roots)
-        held = " · ".join(
-            f"<span style='color:{self.colors.color(c.replica)}'>■</span> {escape(c.replica)}"
-            f" {c.num_blocks:,}"
-            for c in caches
-        )
-        groups = sorted({g for c in caches for g in c.groups()})
-        text = (
-            f"<b>Prefix tree</b> · {merged:,} distinct blocks in {count_runs(roots):,}"
-            f" branches · held: {held or 'none'}"
-        )
-        if any(g != 0 for g in groups):
-            text += f" · <span style='color:#8C94A3'>KV group 0 shown ({len(groups)} groups)</span>"
-        if self.tree.rows_left_out:
-            text += f" · {self.tree.rows_left_out:,} branches not drawn"
-        self.tree_caption.setText(text)
-        self._update_tree()  # the caches may have moved on while this one was merged
 
     def _update_plots(self, now: float) -> None:
         self._plotted_at = now
