@@ -30,7 +30,7 @@ from app.serve.log_limits import install_log_limits
 from app.serve.metrics import ServerMetrics
 from app.serve.responses import TokenText
 from app.serve.routes import build_router
-from app.serve.state import ServerState, longest_token_chars
+from app.serve.state import ServerState
 from engine import LLM, LLMEngine
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Server:
             model_names=(self.model_name,),
             max_model_len=engine.max_model_len,
             token_text=TokenText(engine.tokenizer),
-            max_prompt_chars=engine.max_model_len * longest_token_chars(engine.tokenizer),
+            max_prompt_chars=engine.max_prompt_chars,
         )
         self.app = build_app(self.state, api_key)
         self._uvicorn: uvicorn.Server | None = None

@@ -23,9 +23,3 @@ class ServerState:
     # at most the longest vocabulary entry. Checked before any tokenizing or templating.
     max_prompt_chars: int = 1 << 62
     started: int = field(default_factory=lambda: int(time.time()))
-
-
-def longest_token_chars(tokenizer) -> int:
-    """Characters of the longest vocabulary entry, as the tokenizer spells it (byte-level BPE
-    spells a byte as one character, so a token never decodes to more characters than this)."""
-    return max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
