@@ -125,3 +125,11 @@ def test_the_load_panel_is_two_short_columns_when_wide_and_one_when_narrow(make_
     viewport = window.map_column.loadgen_scroll.viewport()
     assert panel.width() <= viewport.width()
     assert panel.output.geometry().right() <= panel.width()
+
+
+def test_the_first_size_fits_the_screen_it_opens_on():
+    from app.desktop.window import initial_size
+
+    assert initial_size(QRect(0, 0, 1920, 1050)) == DEFAULT
+    # A 1024x768 screen less a panel: the window opens inside it, not 1400 wide and cut off.
+    assert initial_size(QRect(0, 0, 1024, 700)) == SMALL

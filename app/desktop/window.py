@@ -10,7 +10,7 @@ and shows errors.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QRect, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
@@ -44,6 +44,15 @@ from app.remote.connections_qt import ConnectionList
 CONVERSATION_LIST_WIDTH = 190
 
 
+DEFAULT_SIZE = (1400, 860)
+
+
+def initial_size(available: QRect) -> tuple[int, int]:
+    """1400x860, or the screen's free area where that is smaller: without a window manager (or
+    with one that keeps the requested size) a 1024x700 screen would cut the window off."""
+    return min(DEFAULT_SIZE[0], available.width()), min(DEFAULT_SIZE[1], available.height())
+
+
 class MainWindow(QMainWindow):
     engine_ready = Signal(object)  # EngineInfo, after the first load and every rebuild
     engine_failed = Signal(str)
@@ -61,7 +70,7 @@ class MainWindow(QMainWindow):
         """`connections`: remote servers to watch and chat with (kvscope --connect)."""
         super().__init__()
         self.setWindowTitle("KVScope")
-        self.resize(1400, 860)
+        self.resize(*initial_size(self.screen().availableGeometry()))
         self._persist_settings = persist_settings
         self.last_error: str | None = None
         self._error_box: QMessageBox | None = None
