@@ -23,16 +23,7 @@ os.environ.setdefault(
 )
 
 
-import file_order  # noqa: E402
 import pytest  # noqa: E402
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    file_order.configure(config)  # xdist: the longest files first (tests/file_order.py)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    file_order.modify_items(config, items)
 
 
 def _share_the_cores_between_xdist_workers() -> None:
