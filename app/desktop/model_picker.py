@@ -4,7 +4,8 @@ It reads only the model's headers (a GGUF header or config.json and safetensors 
 weights) and asks the planner what the chosen engine settings give: the weights in the form the
 engine will keep them (format, bytes, the load peak, against the memory that is free), KV bytes
 per token, blocks and tokens in the pool. Below the path it lists the GGUF files already on
-this computer (app/core/found_models.py), so a model from LM Studio or GPT4All is one click away.
+this computer (app/core/found_models.py), so a model from LM Studio, GPT4All or Ollama is one
+click away. Browse… takes a .gguf or an Ollama blob (hash-named, no suffix: GGUF by its magic).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from PySide6.QtWidgets import (
 from app.core import model_discovery, paths
 from app.core.found_models import FoundModelsList
 from app.core.pool_fit import prediction_line
+from app.core.pool_sentence import block_sentence, pool_figures, pool_sentence
 from engine import planner
 from engine.model.model_config import ModelConfig
 from engine.weight_fit import count_parameters, resolve_for_weights, weight_fit
 
 SOURCES = ("Bundled SmolLM2-135M-Instruct", "GGUF file", "HF model folder")
+GGUF_FILTERS = "GGUF (*.gguf);;Ollama blobs (sha256-*);;All files (*)"
 
 
 def format_count(n: int) -> str:
@@ -54,8 +57,7 @@ class ModelPicker(QGroupBox):
         self.error = QLabel(wordWrap=True, objectName="errorText")
         self._config: ModelConfig | None = None
         self._header: tuple[dict, dict] | None = None  # weight shapes and stored kinds
-        note = model_discovery.OLLAMA_NOTE if model_discovery.ollama_present() else ""
-        self.found = FoundModelsList(lambda: model_discovery.discover(paths.data_dir()), note=note)
+        self.found = FoundModelsList(lambda: model_discovery.discover(paths.data_dir()))
 
         row = QHBoxLayout()
         row.addWidget(self.path, 1)
@@ -72,7 +74,8 @@ class ModelPicker(QGroupBox):
         layout.addStretch(1)
 
         if model:
-            self.source.setCurrentIndex(1 if str(model).lower().endswith(".gguf") else 2)
+            gguf = str(model).lower().endswith(".gguf") or is_gguf_file(model)  # Ollama's blobs
+            self.source.setCurrentIndex(1 if gguf else 2)
             self.path.setText(str(model))
         self.source.currentIndexChanged.connect(self._source_changed)
         self.path.editingFinished.connect(self._reload)
@@ -104,7 +107,7 @@ class ModelPicker(QGroupBox):
 
     def _browse(self) -> None:
         if self.source.currentIndex() == 1:
-            path, _ = QFileDialog.getOpenFileName(self, "GGUF model", "", "GGUF (*.gguf)")
+            path, _ = QFileDialog.getOpenFileName(self, "GGUF model", "", GGUF_FILTERS)
         else:
             path = QFileDialog.getExistingDirectory(self, "HF model folder")
         if path:
@@ -147,23 +150,16 @@ class ModelPicker(QGroupBox):
                 mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype
             )
             lines = self._weight_lines(config)
-            lines.append(f"KV cache: {planner.format_bytes(per_token)} per token ({kv_dtype})")
             context = min(
                 engine_settings.max_model_len or mc.max_position_embeddings,
                 mc.max_position_embeddings,
             )
-            if config.torch_device.type == "cpu":
-                budget = engine_settings.kv_budget_mib << 20
-                blocks = planner.predict_num_blocks(mc, config.block_size, kv_dtype, budget)
-                # Sliding-window layers hold only their window: a context costs fewer blocks.
-                per_context = planner.blocks_per_context(mc, config.block_size, context)
-                groups = planner.kv_layout_of(mc, config.block_size).num_groups
-                lines.append(
-                    f"Planner: {engine_settings.kv_budget_mib} MiB holds {blocks:,} blocks of "
-                    f"{config.block_size} = {blocks // groups * config.block_size:,} tokens "
-                    f"({blocks / per_context:.1f} full contexts of {context:,})"
+            on_cpu = config.torch_device.type == "cpu"
+            if on_cpu:
+                budget = f"{engine_settings.kv_budget_mib} MiB"
+                blocks = planner.predict_num_blocks(
+                    mc, config.block_size, kv_dtype, engine_settings.kv_budget_mib << 20
                 )
-                lines.append(prediction_line(blocks, config.block_size, context))
             else:
                 plan = planner.plan_kv(
                     mc,
@@ -173,12 +169,17 @@ class ModelPicker(QGroupBox):
                     vram_bytes=_cuda_total_bytes(config.torch_device),
                     gpu_memory_utilization=engine_settings.gpu_memory_utilization,
                 )
-                lines.append(
-                    f"Planner: about {plan.num_blocks:,} blocks = {plan.max_tokens_in_budget:,} "
-                    f"tokens, {plan.max_sequences_at_context:,} full contexts of {context:,} "
-                    "(upper bound: activations are measured at load)"
-                )
-                lines.append(prediction_line(plan.num_blocks, config.block_size, context))
+                budget = f"About {plan.kv_budget_bytes / 2**30:.2f} GiB left on the GPU"
+                blocks = plan.num_blocks
+            # Sliding-window layers hold only their window: the sentence adds up per KV group.
+            figures = pool_figures(mc, config.block_size, kv_dtype, blocks, context)
+            lines.append(
+                f"KV cache: {planner.format_bytes(per_token)} per token ({kv_dtype}); "
+                f"{block_sentence(figures)}"
+            )
+            upper = "" if on_cpu else " (an upper bound: activations are measured at load)"
+            lines.append(f"Planner: {pool_sentence(figures, budget)}{upper}")
+            lines.append(prediction_line(blocks, config.block_size, context, figures.num_groups))
             self.prediction.setText("<br>".join(lines))
         except (ValueError, RuntimeError) as e:
             self.prediction.setText(f"Planner: {e}")
