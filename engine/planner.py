@@ -65,6 +65,7 @@ def model_config(model: ModelConfig | object | str | os.PathLike | None = None) 
         return model.config
     # Imported here: the loaders bring in transformers, which plans from flags never need.
     from engine.model.gguf_file import read_gguf
+    from engine.model.gguf_identity import is_gguf_file
     from engine.model.gguf_loader import gguf_config
     from engine.model.hf_loader import hf_config
     from engine.model.loader import default_model_path
@@ -84,7 +85,7 @@ def model_config(model: ModelConfig | object | str | os.PathLike | None = None) 
                 "(expected an HF folder, its config.json, or exactly one .gguf)"
             )
         path = ggufs[0]
-    if path.suffix.lower() != ".gguf":
+    if not is_gguf_file(path):  # by suffix or magic: Ollama's blobs are hash-named
         raise ValueError(f"{path} is neither a .gguf file, a config.json nor a model folder")
     return gguf_config(read_gguf(path))
 
@@ -292,6 +293,7 @@ def weights_header(model) -> tuple[dict, dict] | None:
         weights = getattr(model, "weights", None)  # a LoadedModel
         return (weights.shapes(), weights.kinds()) if weights is not None else None
     from engine.model.gguf_file import read_gguf
+    from engine.model.gguf_identity import is_gguf_file
     from engine.model.gguf_loader import GGUFSource
     from engine.model.loader import default_model_path
 
@@ -299,7 +301,7 @@ def weights_header(model) -> tuple[dict, dict] | None:
     if path.is_dir() and not (path / "config.json").is_file():
         ggufs = sorted(path.glob("*.gguf"))
         path = ggufs[0] if len(ggufs) == 1 else path
-    if path.is_file() and path.suffix.lower() == ".gguf":
+    if is_gguf_file(path):
         source = GGUFSource(read_gguf(path), {})
         return source.shapes(), source.kinds()
     folder = path if path.is_dir() else path.parent

@@ -270,7 +270,7 @@ def test_the_model_picker_lists_gguf_files_found_on_this_computer(qtbot, tmp_pat
     assert rows[1][2] == "unreadable" and rows[1][3] == "LM Studio"
     assert rows[2][1:] == [format_size(found.stat().st_size), "Q8_0", "LM Studio"]
     assert format_size(3 * 2**30) == "3.00 GiB" and format_size(1536) == "2 KiB"
-    assert "3 found" in listing.status.text() and "Ollama keeps" in listing.status.text()
+    assert "3 found" in listing.status.text() and "Ollama folders" in listing.status.text()
     dialog.resize(900, 760)
     dialog.show()
     dialog.grab().save(str(tmp_path / "model-picker.png"))

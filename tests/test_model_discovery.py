@@ -52,7 +52,7 @@ def test_the_usual_folders_are_searched_and_each_file_is_listed_once(tmp_path, t
     assert by_path[paths["lmstudio"]].source == "LM Studio"
     assert by_path[paths["jan"]].source == "Jan"
     assert by_path[paths["lmstudio"]].size_bytes == paths["lmstudio"].stat().st_size
-    assert model_discovery.ollama_present(tmp_path)
+    # A blob no manifest names (a pull that did not finish) is not listed: see test_ollama_models.
 
 
 def test_gpt4all_folder_follows_the_platform(tmp_path, monkeypatch):

@@ -1,8 +1,11 @@
 """FoundModelsList: the GGUF files already on this computer, as a list to pick from.
 
 The folder walk and the header reads (~0.1 s each) run on a background thread, so the settings
-dialog opens at once; rows appear when the walk ends and their name and quantization fill in
-as each header is read. Header reads stop after a time budget: the rest keep their file name.
+dialog opens at once; rows appear when the walk ends and their quantization fills in as each
+header is read. Header reads stop after a time budget. A row is named by its file (Ollama's by
+name and tag), elided in the middle so both the model and its quantization suffix stay
+readable in the dialog's narrow column; the tooltip has the full name, the path and what the
+header says.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from app.core import model_discovery
 from app.core.model_discovery import FoundModel, ModelSummary
 
 DESCRIBE_BUDGET_S = 8.0
-COLUMNS = ("Name", "Size", "Quantization", "Found in")
+COLUMNS = ("Name", "Size", "Quant.", "Found in")  # short headers: the name gets the width
+HEADER_TIPS = ("File name (Ollama: name and tag)", "", "Quantization: the file's own type", "")
 PATH_ROLE = Qt.ItemDataRole.UserRole
 
 
@@ -56,6 +60,8 @@ class FoundModelsList(QWidget):
         super().__init__(parent)
         self.tree = QTreeWidget(objectName="foundModels")
         self.tree.setHeaderLabels(COLUMNS)
+        for column, tip in enumerate(HEADER_TIPS):
+            self.tree.headerItem().setToolTip(column, tip)
         self.tree.setRootIsDecorated(False)
         self.tree.setMinimumHeight(90)
         self.tree.setMaximumHeight(170)
@@ -93,13 +99,11 @@ class FoundModelsList(QWidget):
 
     def _show_found(self, models: list[FoundModel]) -> None:
         for model in models:
-            item = QTreeWidgetItem(
-                [model.path.name, format_size(model.size_bytes), "…", model.source]
-            )
+            item = QTreeWidgetItem([model.title, format_size(model.size_bytes), "…", model.source])
             item.setData(0, PATH_ROLE, str(model.path))
-            item.setToolTip(0, str(model.path))
+            item.setToolTip(0, f"{model.title}\n{model.path}")
             self.tree.addTopLevelItem(item)
-        where = "the LM Studio, GPT4All and Jan folders, ~/models and recent models"
+        where = "the LM Studio, GPT4All, Jan and Ollama folders, ~/models and recent models"
         line = f"{len(models)} found in {where}." if models else f"None found in {where}."
         self.status.setText(" ".join(part for part in (line, self._note) if part))
 
@@ -114,10 +118,10 @@ class FoundModelsList(QWidget):
         item = self.tree.topLevelItem(row)
         if item is None:
             return
-        item.setText(0, summary.name)
         item.setText(2, summary.quantization or ("unreadable" if summary.error else ""))
-        if summary.error:
-            item.setToolTip(2, summary.error)
+        item.setToolTip(2, summary.error or summary.details)
+        if summary.details:
+            item.setToolTip(0, f"{item.toolTip(0)}\n{summary.details}")
 
     def _chosen(self, item: QTreeWidgetItem, _column: int = 0) -> None:
         self.model_chosen.emit(item.data(0, PATH_ROLE))

@@ -1,10 +1,11 @@
 """Find the GGUF files a user already has: the folders LM Studio, GPT4All and Jan download into,
-~/models, and the models this app opened before.
+~/models, Ollama's models (app/core/ollama_models.py) and the models this app opened before.
 
 Users of those apps keep gigabytes of models there and expect a picker to list them. The scan
 walks folders only (no file is opened), bounded in depth, count and time, skips what it cannot
 read and never enters a folder twice, so a symlink loop ends. `describe` then reads one file's
-GGUF header through the planner (never its weights) for the name and the quantization.
+GGUF header (never its weights) for its quantization: the file's own general.file_type, not a
+guess from the tensors (engine/model/gguf_identity.py).
 """
 
 from __future__ import annotations
@@ -13,21 +14,17 @@ import json
 import os
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import planner
+from app.core.ollama_models import ollama_models, ollama_models_dir
+from engine.model.gguf_identity import is_gguf_file, name_fields, quantization_label
 
 MAX_DEPTH = 6  # LM Studio: models/<publisher>/<repo>/<file>.gguf; a little room beyond
 MAX_FILES = 200
 SCAN_BUDGET_S = 2.0
 MAX_RECENT = 10
 RECENT_FILE = "recent_models.json"
-OLLAMA_NOTE = (
-    "Ollama keeps its models as files named by their hash (~/.ollama/models/blobs), so they "
-    "are not listed; choose one with Browse… if you know which it is."
-)
 
 
 @dataclass(frozen=True)
@@ -40,16 +37,22 @@ class SearchRoot:
 class FoundModel:
     path: Path
     size_bytes: int
-    source: str  # SearchRoot.label, or "Recent"
+    source: str  # SearchRoot.label, "Ollama", or "Recent"
+    name: str = ""  # what the user calls it when the file name does not say (Ollama's tag)
+
+    @property
+    def title(self) -> str:
+        return self.name or self.path.name
 
 
 @dataclass(frozen=True)
 class ModelSummary:
     """What the picker's list shows about one file, from its header alone."""
 
-    name: str
-    quantization: str  # the kind that holds most weights ("Q4_K"), "" when unreadable
+    name: str  # general.name, else the file name
+    quantization: str  # the file's own type ("Q4_K_M"), else its layers' ("Q4_K"); "" unreadable
     error: str = ""
+    details: str = ""  # where the quantization came from and the name fields, for a tooltip
 
 
 def search_roots(home: Path | None = None) -> list[SearchRoot]:
@@ -72,10 +75,6 @@ def search_roots(home: Path | None = None) -> list[SearchRoot]:
     else:
         roots.append(SearchRoot("GPT4All", home / ".local" / "share" / "nomic.ai" / "GPT4All"))
     return roots
-
-
-def ollama_present(home: Path | None = None) -> bool:
-    return ((home or Path.home()) / ".ollama" / "models").is_dir()
 
 
 def find_gguf_files(
@@ -142,26 +141,20 @@ def _as_model(entry: os.DirEntry, source: str, seen: set[Path]) -> FoundModel | 
 
 def describe(path: Path) -> ModelSummary:
     """Name and quantization from the GGUF header; an unreadable file says why instead."""
+    from engine.model.gguf_file import read_gguf
+    from engine.model.gguf_loader import GGUFSource, gguf_config
+
     try:
-        config = planner.model_config(path)
-        header = planner.weights_header(path)
+        gguf_file = read_gguf(path)
+        gguf_config(gguf_file)  # a file the engine cannot size says why here, not at load
+        source = GGUFSource(gguf_file, {})
     except Exception as e:  # any file from anywhere: a row that says why, never a crash
         return ModelSummary(path.name, "", f"{type(e).__name__}: {e}")
-    return ModelSummary(config.name or path.name, _main_kind(header))
-
-
-def _main_kind(header: tuple[dict, dict] | None) -> str:
-    """The storage kind holding the most weight elements (norms are F32 in every file)."""
-    if header is None:
-        return ""
-    shapes, kinds = header
-    elements: Counter[str] = Counter()
-    for name, kind in kinds.items():
-        count = 1
-        for dim in shapes.get(name, ()):
-            count *= int(dim)
-        elements[str(kind)] += count
-    return elements.most_common(1)[0][0] if elements else ""
+    metadata = gguf_file.metadata
+    label, why = quantization_label(metadata, source.shapes(), source.kinds())
+    names = name_fields(metadata)
+    details = "\n".join([f"Quantization: {why}", *(f"{k}: {v}" for k, v in names.items())])
+    return ModelSummary(names.get("general.name") or path.name, label, details=details)
 
 
 # ---- recently opened models, kept in the data dir ---------------------------------------------
@@ -189,21 +182,31 @@ def remember_model(data_dir: Path, model: str | os.PathLike) -> None:
         pass
 
 
-def recent_gguf_files(data_dir: Path) -> list[FoundModel]:
-    """The recent list's GGUF files that still exist."""
+def recent_gguf_files(data_dir: Path, names: dict[Path, str] | None = None) -> list[FoundModel]:
+    """The recent list's GGUF files that still exist (an Ollama blob by its magic), named from
+    `names` (resolved path -> Ollama's tag) where the file name is a hash."""
     found = []
     for path in recent_models(data_dir):
         try:
-            if path.suffix.lower() == ".gguf" and path.is_file():
-                found.append(FoundModel(path, path.stat().st_size, "Recent"))
-        except OSError:
+            if is_gguf_file(path):
+                name = (names or {}).get(path.resolve(), "")
+                found.append(FoundModel(path, path.stat().st_size, "Recent", name))
+        except (OSError, RuntimeError):  # RuntimeError: resolve() of a symlink loop
             continue
     return found
 
 
-def discover(data_dir: Path, home: Path | None = None) -> list[FoundModel]:
-    """Recent models first, then the usual folders; each file once."""
-    recent = recent_gguf_files(data_dir)
+def discover(
+    data_dir: Path, home: Path | None = None, environ: dict[str, str] | None = None
+) -> list[FoundModel]:
+    """Recent models first, then the usual folders, then Ollama's; each file once."""
+    pulled = ollama_models(ollama_models_dir(home, environ))
+    ollama = [FoundModel(m.blob, m.size_bytes, "Ollama", m.name) for m in pulled]
+    recent = recent_gguf_files(data_dir, {m.path.resolve(): m.name for m in ollama})
     known = {m.path.resolve() for m in recent}
-    scanned = [m for m in find_gguf_files(search_roots(home)) if m.path.resolve() not in known]
+    scanned = []
+    for model in [*find_gguf_files(search_roots(home)), *ollama]:
+        if model.path.resolve() not in known:
+            known.add(model.path.resolve())
+            scanned.append(model)
     return recent + scanned

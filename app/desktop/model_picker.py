@@ -10,6 +10,8 @@ click away. Browse… takes a .gguf or an Ollama blob (hash-named, no suffix: GG
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QComboBox,
@@ -26,14 +28,19 @@ from PySide6.QtWidgets import (
 
 from app.core import model_discovery, paths
 from app.core.found_models import FoundModelsList
+from app.core.ollama_models import name_of_blob
 from app.core.pool_fit import prediction_line
 from app.core.pool_sentence import block_sentence, pool_figures, pool_sentence
+from app.desktop.elided_label import elide_middle
 from engine import planner
+from engine.model.gguf_identity import is_gguf_file
 from engine.model.model_config import ModelConfig
 from engine.weight_fit import count_parameters, resolve_for_weights, weight_fit
 
 SOURCES = ("Bundled SmolLM2-135M-Instruct", "GGUF file", "HF model folder")
 GGUF_FILTERS = "GGUF (*.gguf);;Ollama blobs (sha256-*);;All files (*)"
+TITLE_CHARS = 44  # a longer model name is elided in the middle: the quantization suffix stays
+MIN_WIDTH = 380  # the found list's names stay readable ("gemma-3-2…-Q4_K_M.gguf")
 
 
 def format_count(n: int) -> str:
@@ -48,6 +55,7 @@ class ModelPicker(QGroupBox):
 
     def __init__(self, model: str | None, parent: QWidget | None = None) -> None:
         super().__init__("Model", parent)
+        self.setMinimumWidth(MIN_WIDTH)
         self.source = QComboBox()
         self.source.addItems(SOURCES)
         self.path = QLineEdit(placeholderText="path to a .gguf file or an HF model folder")
@@ -129,8 +137,9 @@ class ModelPicker(QGroupBox):
                 self.error.setText(f"Cannot read this model: {type(e).__name__}: {e}")
         if self._config is not None:
             mc = self._config
+            title = name_of_blob(self.model_path() or "") or mc.name or "model"
             self.info.setText(
-                f"<b>{mc.name or 'model'}</b><br>"
+                f"<b>{html.escape(elide_middle(title, TITLE_CHARS))}</b><br>"
                 f"Architecture: {mc.architecture}, {format_count(count_parameters(mc))} parameters"
                 f"<br>{mc.num_layers} layers, {mc.num_heads} query / {mc.num_kv_heads} KV heads, "
                 f"head dim {mc.head_dim}<br>Context length: {mc.max_position_embeddings:,} tokens"

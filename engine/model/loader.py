@@ -72,6 +72,7 @@ def load_model(
 def _load(path: Path, progress: Callable[[str], None] | None = None) -> LoadedModel:
     # Imported here, not for a cycle (they import engine.model.loaded_model, not this module):
     # they bring in transformers, which `import engine` and default_model_path() do without.
+    from engine.model.gguf_identity import is_gguf_file
     from engine.model.gguf_loader import load_gguf
     from engine.model.hf_loader import load_hf_folder
 
@@ -85,6 +86,6 @@ def _load(path: Path, progress: Callable[[str], None] | None = None) -> LoadedMo
             f"{path} is not a model folder: it has no config.json and {len(ggufs)} .gguf files "
             "(expected an HF folder or exactly one .gguf)"
         )
-    if path.suffix.lower() == ".gguf":
+    if is_gguf_file(path):  # by suffix or magic: Ollama's blobs are hash-named
         return load_gguf(path, progress)
     raise ValueError(f"{path} is neither a .gguf file nor a model folder")
