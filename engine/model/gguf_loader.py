@@ -20,6 +20,7 @@ from engine.model import gemma3_config
 from engine.model.chat_templates import builtin_chat_template, ensure_chat_template
 from engine.model.config_limits import check_layer_count, check_sizes
 from engine.model.gguf_file import GGUFFile, GGUFTensor, read_gguf
+from engine.model.gguf_identity import name_fields
 from engine.model.gguf_rope import gguf_rope_scaling
 from engine.model.loaded_model import LoadedModel, check_weights, turn_end_token_ids
 from engine.model.model_config import ModelConfig
@@ -89,7 +90,8 @@ def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> Load
     source = GGUFSource(gguf_file, row_orders)
     check_weights(config, source.shapes(), str(path))
     tokenizer = _tokenizer(metadata, path, progress)
-    ensure_chat_template(tokenizer, arch)  # a built-in one for a known family without its own
+    # None of its own: a plain transcript for a base model, else its family's (chat_templates).
+    ensure_chat_template(tokenizer, arch, [path.stem, *name_fields(metadata).values()])
     return LoadedModel(config, source, tokenizer, source=str(path), kind="gguf")
 
 
@@ -329,27 +331,32 @@ def _tokenizer(metadata: dict[str, Any], path: Path, progress=None):
             count = len(metadata.get("tokenizer.ggml.tokens", []))
             progress(f"Converting the tokenizer ({count:,} tokens; once per file)…")
 
-    def convert():
-        try:
-            # Never a model's own code: a folder can carry an auto_map and a .py beside the file.
-            tokenizer = AutoTokenizer.from_pretrained(
-                str(path.parent), gguf_file=path.name, trust_remote_code=False
-            )
-        except MemoryError as e:  # not the file's fault: say so, not "cannot build a tokenizer"
-            raise ModelTooLargeError(
-                f"{path}: ran out of host memory while converting its tokenizer "
-                f"({len(metadata.get('tokenizer.ggml.tokens', [])):,} tokens); close other "
-                "programs and try again"
-            ) from e
-        except Exception as e:  # transformers raises many types for a tokenizer it cannot convert
-            refuse_remote_code(e, path.parent)
-            raise ValueError(f"{path}: cannot build a tokenizer from the GGUF metadata: {e}") from e
-        # Older transformers versions drop the template when converting a GGUF tokenizer.
-        if tokenizer.chat_template is None:
-            tokenizer.chat_template = metadata.get("tokenizer.chat_template")
-        return tokenizer
-
-    tokenizer = cached_tokenizer(path, convert, announce)
+    # The shipped conversion (the bundled model's, written at build time) comes first.
+    tokenizer = cached_tokenizer(
+        path, lambda: convert_tokenizer(metadata, path), announce, metadata=metadata
+    )
     if progress is not None:
         progress("Loading the model…")
+    return tokenizer
+
+
+def convert_tokenizer(metadata: dict[str, Any], path: Path):
+    """transformers' conversion of the file's tokenizer (seconds: it re-reads the whole file)."""
+    try:
+        # Never a model's own code: a folder can carry an auto_map and a .py beside the file.
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(path.parent), gguf_file=path.name, trust_remote_code=False
+        )
+    except MemoryError as e:  # not the file's fault: say so, not "cannot build a tokenizer"
+        raise ModelTooLargeError(
+            f"{path}: ran out of host memory while converting its tokenizer "
+            f"({len(metadata.get('tokenizer.ggml.tokens', [])):,} tokens); close other "
+            "programs and try again"
+        ) from e
+    except Exception as e:  # transformers raises many types for a tokenizer it cannot convert
+        refuse_remote_code(e, path.parent)
+        raise ValueError(f"{path}: cannot build a tokenizer from the GGUF metadata: {e}") from e
+    # Older transformers versions drop the template when converting a GGUF tokenizer.
+    if tokenizer.chat_template is None:
+        tokenizer.chat_template = metadata.get("tokenizer.chat_template")
     return tokenizer

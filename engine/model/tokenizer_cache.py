@@ -1,20 +1,35 @@
-"""Converted GGUF tokenizers kept on disk as fast-tokenizer JSON.
+"""Converted GGUF tokenizers kept on disk as fast-tokenizer JSON, and the bundled model's shipped.
 
 transformers converts a GGUF tokenizer by re-reading the whole file with gguf.GGUFReader, which
-takes several seconds for a 49k vocabulary; loading the saved result takes a fraction of one.
-Entries are keyed by the GGUF file's path, size and mtime, so an edited or replaced file misses.
+takes several seconds for a 49k vocabulary (4 s of a first launch on the 2-core dev machine);
+loading the saved result takes a fraction of one.
+
+Two places are looked in, in order:
+- shipped: entries written at build time (`python -m engine.model.tokenizer_cache --write`, run
+  by `make setup` and the installer build) into this package's `shipped_tokenizers/`. They are
+  keyed by the GGUF's tokenizer content (its `tokenizer.*` metadata and architecture) and the
+  transformers version, not by path or mtime: the install path differs from the build's. A
+  missing, stale (other content or transformers version) or damaged shipped entry is passed
+  over, never an error: the user cache and then a conversion follow.
+- the user cache: keyed by the GGUF file's path, size and mtime, so an edited or replaced file
+  misses; written after every conversion.
+Generated, not committed: the files are ~2 MB of JSON per model and tied to the transformers
+version that wrote them, which `make setup` pins at build time.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 import transformers
@@ -26,6 +41,11 @@ logger = logging.getLogger(__name__)
 CACHE_FORMAT = 1
 # Written last, listing every file of the entry: a missing file means the entry was damaged.
 MANIFEST = "kvscope-tokenizer-cache.json"
+
+
+def shipped_root() -> Path:
+    """The package's folder of build-time conversions (absent until `--write` ran)."""
+    return Path(__file__).with_name("shipped_tokenizers")
 
 
 def cache_root() -> Path:
@@ -44,16 +64,55 @@ def cache_key(gguf_path: Path) -> str:
     return f"{resolved.stem}-{digest}"
 
 
+def content_key(metadata: Mapping[str, Any]) -> str:
+    """What a conversion reads (the architecture, every `tokenizer.*` field) plus the entry
+    format and the transformers version that converts: equal keys, equal tokenizers."""
+    identity = {
+        "format": CACHE_FORMAT,
+        "transformers": transformers.__version__,
+        "architecture": metadata.get("general.architecture"),
+        "tokenizer": {k: v for k, v in metadata.items() if k.startswith("tokenizer.")},
+    }
+    text = json.dumps(identity, sort_keys=True, default=_plain, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy arrays and scalars, exactly (never a truncated repr)
+        return value.tolist()
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"cannot key a tokenizer on a {type(value).__name__} value")
+
+
+def shipped_tokenizer(metadata: Mapping[str, Any]) -> PreTrainedTokenizerBase | None:
+    """The shipped conversion for this tokenizer content, or None (missing, stale, damaged)."""
+    entry = shipped_root() / content_key(metadata)
+    if not entry.is_dir():
+        return None
+    try:
+        return _load(entry)
+    except Exception as e:  # a damaged install: convert instead, and say why (never fail a load)
+        logger.warning("shipped tokenizer %s is unreadable (%s); converting instead", entry, e)
+        return None
+
+
 def cached_tokenizer(
     gguf_path: Path,
     convert: Callable[[], PreTrainedTokenizerBase],
     on_convert: Callable[[], None] | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> PreTrainedTokenizerBase:
-    """The cached tokenizer for `gguf_path`, or `convert()`'s result, which is then cached.
+    """The shipped tokenizer for `metadata`'s content (when given), else the cached one for
+    `gguf_path`, else `convert()`'s result, which is then cached.
 
     `on_convert` is called just before a conversion (a cache miss): the slow step a caller may
     want to announce (Gemma 3's 262k tokens take transformers 30 s or more; the cached copy a
     few seconds)."""
+    if metadata is not None:
+        shipped = shipped_tokenizer(metadata)
+        if shipped is not None:
+            return shipped
     entry = cache_root() / cache_key(gguf_path)
     if entry.exists():
         try:
@@ -79,7 +138,7 @@ def _load(entry: Path) -> PreTrainedTokenizerBase:
     return PreTrainedTokenizerFast.from_pretrained(str(entry), trust_remote_code=False)
 
 
-def _store(tokenizer: PreTrainedTokenizerBase, entry: Path) -> None:
+def _store(tokenizer: PreTrainedTokenizerBase, entry: Path, source: str = "") -> None:
     """Save into a temp folder, then rename it into place, so no reader sees half an entry."""
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -87,7 +146,8 @@ def _store(tokenizer: PreTrainedTokenizerBase, entry: Path) -> None:
         try:
             tokenizer.save_pretrained(str(staging))
             files = sorted(p.name for p in staging.iterdir())
-            (staging / MANIFEST).write_text(json.dumps({"files": files}), encoding="utf-8")
+            manifest = {"files": files, "source": source, "transformers": transformers.__version__}
+            (staging / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
             os.replace(staging, entry)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # only still there if the rename failed
@@ -96,3 +156,55 @@ def _store(tokenizer: PreTrainedTokenizerBase, entry: Path) -> None:
         # Another process may have stored the same entry first; that one is as good as ours.
         if not (entry / MANIFEST).is_file():
             logger.warning("cannot cache the tokenizer in %s: %s", entry, e)
+
+
+def write_shipped(gguf_path: Path, root: Path | None = None) -> Path:
+    """Convert `gguf_path`'s tokenizer afresh into `root` (the shipped folder by default),
+    dropping the entries an earlier build wrote for the same file name; returns the entry."""
+    from engine.model.gguf_file import read_gguf
+    from engine.model.gguf_loader import convert_tokenizer
+
+    gguf_path = Path(gguf_path)
+    metadata = read_gguf(gguf_path).metadata
+    root = shipped_root() if root is None else root
+    entry = root / content_key(metadata)
+    if root.is_dir():
+        for old in root.iterdir():
+            if old != entry and _source_of(old) == gguf_path.name:
+                shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(entry, ignore_errors=True)
+    _store(convert_tokenizer(metadata, gguf_path), entry, gguf_path.name)
+    if not (entry / MANIFEST).is_file():
+        raise OSError(f"could not write the shipped tokenizer {entry}")
+    # mkdtemp made it private; an installed package is read by every user of the machine.
+    for path in (entry, *entry.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return entry
+
+
+def _source_of(entry: Path) -> str:
+    try:
+        return json.loads((entry / MANIFEST).read_text(encoding="utf-8")).get("source", "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.model.tokenizer_cache",
+        description="Write the converted tokenizers the package ships (make setup runs this).",
+    )
+    parser.add_argument("--write", action="store_true", required=True)
+    parser.add_argument("gguf", nargs="*", type=Path, help="GGUF files (default: the bundled one)")
+    args = parser.parse_args(argv)
+    if not args.gguf:
+        from engine.model.loader import default_model_path
+
+        args.gguf = [default_model_path()]
+    for path in args.gguf:
+        print(f"shipped tokenizer for {path.name}: {write_shipped(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
