@@ -10,6 +10,8 @@ and shows errors.
 
 from __future__ import annotations
 
+import dataclasses
+
 from PySide6.QtCore import QRect, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QMainWindow,
@@ -202,6 +204,8 @@ class MainWindow(QMainWindow):
         self.blockmap.sequence_selected.connect(self._sequence_selected)
         self.loadgen_panel.start_requested.connect(self.client.start_load)
         self.loadgen_panel.stop_requested.connect(self.client.stop_load)
+        self.client.speed.connect(self.loadgen_panel.set_speed)
+        self.loadgen_panel.pool_requested.connect(self._use_kv_pool)
 
     # ---- settings -------------------------------------------------------------------------
     def open_settings(self) -> SettingsDialog:
@@ -218,6 +222,11 @@ class MainWindow(QMainWindow):
         if rebuild:
             self.client.apply_settings(settings.engine)
         self._save_settings()
+
+    def _use_kv_pool(self, mib: int) -> None:
+        """The preemption preset's smaller pool: a rebuild, saved as a choice in Settings is."""
+        engine = dataclasses.replace(self.settings.engine, kv_budget_mib=mib)
+        self.apply_settings(dataclasses.replace(self.settings, engine=engine))
 
     def _sampling_defaults_chosen(self, sampling) -> None:
         """New chats start from these; each chat keeps its own (ChatController)."""

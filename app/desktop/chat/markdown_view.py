@@ -2,7 +2,9 @@
 
 The text is untrusted, so the view loads no resource (see app.desktop.chat.markdown) and a link
 opens only through `open_link`: http(s) only, and only after the user says yes. Each code block
-has a Copy button on its header line that puts the code, as written, on the clipboard.
+has a Copy button on its header line that puts the code, as written, on the clipboard, and its
+lines under a CodeScroller (app/desktop/chat/code_scroller.py): a line longer than the bubble
+scrolls inside its block. The message itself never scrolls sideways: it is as wide as its bubble.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 
 from PySide6.QtCore import Qt, QTimer, QUrl
-from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextBlock, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QMessageBox,
@@ -20,7 +22,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop.chat.code_blocks import code_blocks
+from app.desktop.chat.code_blocks import CODE_BACKGROUND, CODE_LANGUAGE, CodeBlock, code_blocks
+from app.desktop.chat.code_scroller import CodeScroller
 from app.desktop.chat.markdown import SafeDocument, render_markdown
 
 LINK_SCHEMES = ("http", "https")
@@ -61,8 +64,13 @@ class MarkdownView(QTextBrowser):
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.document().setDocumentMargin(2)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        # Code lines do not wrap, so the document may be wider than the bubble: a cursor or a
+        # selection moving into one would scroll the whole message sideways. It never scrolls.
+        self.horizontalScrollBar().rangeChanged.connect(self._no_sideways_scroll)
         self._markdown = ""
         self._copy_buttons: list[CopyCodeButton] = []
+        self._scrollers: list[CodeScroller] = []
+        self._placing = False
 
     def set_markdown(self, text: str) -> None:
         if text != self._markdown:
@@ -73,6 +81,10 @@ class MarkdownView(QTextBrowser):
     def copy_buttons(self) -> list[CopyCodeButton]:
         """One per code block, in order."""
         return list(self._copy_buttons)
+
+    def code_scrollers(self) -> list[CodeScroller]:
+        """One per code block, in order: its lines, scrolling sideways when too long."""
+        return list(self._scrollers)
 
     def markdown(self) -> str:
         return self._markdown
@@ -89,28 +101,91 @@ class MarkdownView(QTextBrowser):
         self.setFixedHeight(math.ceil(size.height()) + 2 * self.frameWidth())
         self._place_copy_buttons()
 
+    def _no_sideways_scroll(self, _low: int, high: int) -> None:
+        if high:
+            self.horizontalScrollBar().setRange(0, 0)
+
     def _update_copy_buttons(self) -> None:
-        """Buttons are kept across renders (a streaming reply re-renders many times a second)."""
+        """Buttons and scrollers are kept across renders (a streaming reply re-renders many
+        times a second)."""
         blocks = code_blocks(self.document(), self._markdown)
         while len(self._copy_buttons) > len(blocks):
             self._copy_buttons.pop().deleteLater()
+            self._scrollers.pop().deleteLater()
         while len(self._copy_buttons) < len(blocks):
+            scroller = CodeScroller(self.viewport())
+            scroller.show()
+            self._scrollers.append(scroller)
             button = CopyCodeButton(self.viewport())
             button.show()
             self._copy_buttons.append(button)
-        for button, block in zip(self._copy_buttons, blocks, strict=True):
+        for button, scroller, block in zip(
+            self._copy_buttons, self._scrollers, blocks, strict=True
+        ):
             button.code = block.code
+            scroller.set_background(CODE_BACKGROUND.name())
+            scroller.set_lines(*_code_lines(block))
         self._place_copy_buttons()
 
     def _place_copy_buttons(self) -> None:
+        """Each Copy button on its block's header, each scroller over its block's lines, the
+        room its scroll bar needs reserved under them."""
+        if self._placing:
+            return  # reserving room relays the document out, which calls this again
+        self._placing = True
+        try:
+            self._place(code_blocks(self.document(), self._markdown))
+        finally:
+            self._placing = False
+
+    def _place(self, blocks: list[CodeBlock]) -> None:
         layout = self.document().documentLayout()
-        for button, block in zip(
-            self._copy_buttons, code_blocks(self.document(), self._markdown), strict=False
+        margin = int(self.document().documentMargin())
+        width = max(1, self.viewport().width() - 2 * margin)
+        for button, scroller, block in zip(
+            self._copy_buttons, self._scrollers, blocks, strict=False
         ):
             rect = layout.blockBoundingRect(block.header)
             button.setFixedHeight(max(14, int(rect.height())))
             x = int(rect.right()) - button.width() - 2
             button.move(max(0, x), int(rect.top()))
+            first, last = _code_lines(block)
+            top = layout.blockBoundingRect(first).top()
+            lines = _lines_height(first, last)
+            needed = scroller.needed_height(width)
+            _reserve(last, max(0, needed - lines))
+            scroller.setGeometry(margin, math.floor(top), width, needed)
+            scroller.raise_()
+            button.raise_()
+
+
+CODE_BOTTOM_MARGIN = 6  # under a code block's last line (app/desktop/chat/code_blocks.py)
+
+
+def _code_lines(block: CodeBlock) -> tuple[QTextBlock, QTextBlock]:
+    """The first and last line of a headed code block in its document."""
+    first = last = block.header.next()
+    while last.next().isValid() and last.next().blockFormat().property(CODE_LANGUAGE) == (
+        block.language
+    ):
+        last = last.next()
+    return first, last
+
+
+def _lines_height(first: QTextBlock, last: QTextBlock) -> float:
+    """From the first line's top to the last line's bottom, without the last one's margin."""
+    bottom = last.layout().position().y() + last.layout().boundingRect().height()
+    return bottom - first.layout().position().y()
+
+
+def _reserve(last: QTextBlock, extra: int) -> None:
+    """Room under a code block's last line for what its scroller needs beyond the lines."""
+    wanted = CODE_BOTTOM_MARGIN + extra
+    fmt = last.blockFormat()
+    if int(fmt.bottomMargin()) != wanted:
+        fmt.setBottomMargin(wanted)
+        cursor = QTextCursor(last)
+        cursor.setBlockFormat(fmt)
 
 
 class CopyCodeButton(QToolButton):

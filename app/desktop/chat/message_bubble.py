@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QLabel, QToolButton, QVBoxLayout, QWidget
 
+from app.desktop.chat.header_flow import HeaderFlow
 from app.desktop.chat.markdown_view import MarkdownView
 
 
@@ -65,14 +66,14 @@ class MessageBubble(QFrame):
         self.regenerate = QToolButton(text="Regenerate", objectName="bubbleAction")
         self.body = MarkdownView()
         self.metrics = QLabel(objectName="bubbleMetrics", wordWrap=True)
-        header = QHBoxLayout()
-        header.setSpacing(6)
+        # Who and the status on the left, the actions on the right; past the bubble's width
+        # the actions wrap onto a second line rather than widening it (header_flow.py).
+        self.header = header = HeaderFlow(spacing=6)
         for w in (self.who, self.status):
-            header.addWidget(w)
-        header.addStretch(1)
+            header.add_lead(w)
         for w in (self.prev_alt, self.alt_label, self.next_alt, self.copy, self.edit):
-            header.addWidget(w)
-        header.addWidget(self.regenerate)
+            header.add_trail(w)
+        header.add_trail(self.regenerate)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.setSpacing(4)
