@@ -15,7 +15,7 @@ from engine.float32_weights import float32_choice
 from engine.model.loader import expected_weight_shapes
 from engine.model.model_config import ModelConfig
 from engine.model_build import free_memory
-from engine.weight_plan import WeightPlan, plan_weights, weights_quantized
+from engine.weight_plan import RUNTIME_OVERHEAD, WeightPlan, plan_weights, weights_quantized
 
 WeightsHeader = tuple[dict, dict]  # tensor shapes and stored kinds (engine.planner.weights_header)
 
@@ -25,10 +25,23 @@ class WeightFit:
     plan: WeightPlan
     free_bytes: int | None  # on the config's device; None where it cannot be read
     note: str = ""  # how float32 compute keeps quantized weights (engine.float32_weights)
+    # What check_fits adds to the weights: the KV pool and, on a CPU, the runtime itself.
+    kv_bytes: int = 0
+    overhead_bytes: int = 0
+    usable_share: float = 1.0  # of free_bytes the engine may take (gpu_memory_utilization)
+
+    @property
+    def need_bytes(self) -> int:
+        """What engine.model_build.check_fits compares with the free memory."""
+        return self.plan.total_bytes + self.kv_bytes + self.overhead_bytes
+
+    @property
+    def usable_bytes(self) -> int | None:
+        return None if self.free_bytes is None else int(self.free_bytes * self.usable_share)
 
     @property
     def fits(self) -> bool:
-        return self.free_bytes is None or self.plan.total_bytes <= self.free_bytes
+        return self.free_bytes is None or self.need_bytes <= self.usable_bytes
 
 
 def count_parameters(mc: ModelConfig) -> int:
@@ -51,4 +64,6 @@ def weight_fit(config: EngineConfig, header: WeightsHeader, tied: bool) -> Weigh
     kv = config.kv_cache_memory or (DEFAULT_CPU_KV_MEMORY if device.type == "cpu" else 0)
     choice = float32_choice(config, shapes, kinds, tied, kv, free)
     plan = plan_weights(shapes, kinds, choice.quantization, device, config.torch_dtype, tied)
-    return WeightFit(plan, free, choice.note)
+    on_cpu = device.type == "cpu"
+    share = 1.0 if on_cpu else config.gpu_memory_utilization
+    return WeightFit(plan, free, choice.note, kv, RUNTIME_OVERHEAD if on_cpu else 0, share)

@@ -99,6 +99,10 @@ class ModelPicker(QGroupBox):
     def model_config(self) -> ModelConfig | None:
         return self._config
 
+    def weights_header(self) -> tuple[dict, dict] | None:
+        """The chosen model's weight shapes and stored kinds (None: unread or config only)."""
+        return self._header
+
     def choose_gguf(self, path: str) -> None:
         """Pick a GGUF file (a row of the found list): show its header and prediction."""
         self.path.setText(path)

@@ -2,6 +2,10 @@
 
 The settings themselves (records, JSON, validation) are app/core/settings.py; this is only
 their dialog, with the model picker and a live prediction of what the engine will hold.
+Apply refuses what would fail the build (app/core/build_check.py), with the value and the
+limit, since a failed rebuild costs the running engine and says so only afterwards; the max
+model length is clamped to the chosen model's context and says so. When a rebuild failed
+anyway, the window reopens the dialog on the settings that failed, not on the ones restored.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.build_check import build_problems, context_limit
+from app.core.engine_messages import EngineInfo
 from app.core.settings import (
     DEVICES,
     KV_BUDGET_HELP,
@@ -39,14 +45,25 @@ from engine.cpu_threads import default_num_threads, usable_cpus
 class SettingsDialog(QDialog):
     """Model + engine knobs + chat policy. `result_settings()` after accept gives the new ones."""
 
-    def __init__(self, settings: AppSettings, parent: QWidget | None = None) -> None:
+    def __init__(
+        self,
+        settings: AppSettings,
+        parent: QWidget | None = None,
+        *,
+        running: EngineInfo | None = None,
+        failed: tuple[EngineSettings, str] | None = None,
+    ) -> None:
+        """`running`: the engine a rebuild would free first; `failed`: the engine settings of
+        the last Apply that did not build and why, which the dialog starts from."""
         from app.desktop.model_picker import ModelPicker
 
         super().__init__(parent)
         self.setWindowTitle("Model and engine settings")
         self.setObjectName("settingsDialog")
         self._base = settings
-        es = settings.engine
+        self._freed_bytes = _freed_bytes(running)
+        self._failure = failed[1] if failed else ""
+        es = failed[0] if failed else settings.engine
 
         self.picker = ModelPicker(es.model)
         self.device = _combo(DEVICES, es.device)
@@ -59,6 +76,8 @@ class SettingsDialog(QDialog):
         )
         self.max_len = QSpinBox(minimum=0, maximum=1 << 20, value=es.max_model_len or 0)
         self.max_len.setSpecialValueText("model's own")  # 0 reads back as None
+        self._wanted_len = es.max_model_len  # what the user chose, before any model's clamp
+        self.context_note = QLabel(objectName="contextNote", wordWrap=True)
         self.max_seqs = QSpinBox(minimum=1, maximum=4096, value=es.max_num_seqs)
         self.prefix = QCheckBox("reuse cached prompt prefixes", checked=es.enable_prefix_caching)
         self.allocator = _combo(knob_of("allocator").choices, es.allocator)
@@ -93,6 +112,8 @@ class SettingsDialog(QDialog):
             # As rich text, which Qt wraps; plain text would be one long line.
             widget.setToolTip(f"<p>{html.escape(help_text, quote=False)}</p>")
             form.addRow(label, widget)
+            if name == "max_model_len":
+                form.addRow("", self.context_note)
         chat_box = QGroupBox("Conversations")
         chat_form = QFormLayout(chat_box)
         chat_form.addRow("When a chat outgrows the context", self.policy)
@@ -115,6 +136,7 @@ class SettingsDialog(QDialog):
         layout.addWidget(self.error)
         layout.addWidget(buttons)
 
+        self.max_len.valueChanged.connect(self._length_chosen)  # first: the refresh reads it
         for _, widget in self._engine_rows.values():
             _changed(widget).connect(self._refresh_prediction)
         self.picker.model_changed.connect(self._refresh_prediction)
@@ -129,26 +151,84 @@ class SettingsDialog(QDialog):
             self._base, engine=self.engine_settings(), overflow_policy=self.policy.currentData()
         )
 
+    def problems(self) -> list[str]:
+        """Why these settings would not build, one sentence each ([]: Apply goes ahead)."""
+        settings = self.engine_settings()
+        if self.picker.model_path() is None and self.picker.source.currentIndex() != 0:
+            return ["Choose a model file or folder, or the bundled model."]
+        mc = self.picker.model_config()
+        if mc is None and self.picker.error.text():
+            return [f"The model at {settings.model} cannot be read: see the message above."]
+        return build_problems(settings, mc, self.picker.weights_header(), self._freed_bytes)
+
+    def _length_chosen(self, value: int) -> None:
+        """The user's own choice, kept apart from a clamp to a smaller model's context."""
+        if not self._clamping:
+            self._wanted_len = value or None
+
+    _clamping = False
+
+    def _clamp_length(self) -> None:
+        """Max model length at most the chosen model's context, and the note that says so."""
+        mc = self.picker.model_config()
+        limit = context_limit(mc) if mc is not None else 1 << 20
+        wanted = self._wanted_len
+        self._clamping = True
+        try:
+            self.max_len.setMaximum(limit)
+            # A larger model lets a clamped choice back up to what the user asked for.
+            self.max_len.setValue(min(wanted, limit) if wanted else 0)
+        finally:
+            self._clamping = False
+        if mc is None:
+            self.context_note.setText("")
+        elif wanted and wanted > limit:
+            self.context_note.setText(
+                f"This model's context length is {limit:,} tokens: max model length lowered "
+                f"from {wanted:,} to {limit:,}."
+            )
+        else:
+            self.context_note.setText(f"At most {limit:,} tokens (this model's context length).")
+
     def _refresh_prediction(self) -> None:
+        if self._clamping:
+            return
+        self._clamp_length()
         settings = self.engine_settings()
         try:
             on_cpu = settings.engine_config().torch_device.type == "cpu"
-        except ValueError as e:  # e.g. cuda chosen without CUDA: say so right away
-            self.error.setText(str(e))
+        except ValueError:  # e.g. cuda chosen without CUDA: problems() says so right away
+            pass
         else:
-            self.error.setText("")
             # One budget knob applies: MiB on CPU, a share of the GPU on CUDA.
             self.kv_mib.setEnabled(on_cpu)
             self.gpu_util.setEnabled(not on_cpu)
+        problems = self.problems()
+        failure = f"The last Apply failed: {self._failure}" if self._failure else ""
+        self.error.setText("<br>".join(html.escape(p) for p in [failure, *problems] if p))
         self.picker.show_prediction(settings)
 
     def _accept(self) -> None:
+        problems = self.problems()
         try:
             self.result_settings().validate()
         except ValueError as e:
-            self.error.setText(str(e))
+            problems = [str(e), *problems]
+        if problems:
+            self.error.setText("<br>".join(html.escape(p) for p in problems))
             return
         self.accept()
+
+
+def _freed_bytes(running: EngineInfo | None) -> int:
+    """What a rebuild frees before the new engine loads: the running weights and KV pool."""
+    if running is None:
+        return 0
+    kv = running.num_blocks * running.block_size * running.kv_bytes_per_token
+    # A hybrid model's block holds one group's layers: the pool is at most its budget.
+    if running.device == "cpu":
+        kv = min(kv, running.settings.kv_budget_mib << 20)
+    return running.weight_bytes + kv
 
 
 def _combo(items: tuple, current: object) -> QComboBox:

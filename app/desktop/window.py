@@ -75,6 +75,8 @@ class MainWindow(QMainWindow):
         self.resize(*initial_size(self.screen().availableGeometry()))
         self._persist_settings = persist_settings
         self.last_error: str | None = None
+        # The EngineSettings of the last Apply, and (them, why) while they failed to build.
+        self._attempted_engine = self._failed_engine = None
         self._error_box: QMessageBox | None = None
         settings_problem = None
         if settings is None:
@@ -209,7 +211,10 @@ class MainWindow(QMainWindow):
 
     # ---- settings -------------------------------------------------------------------------
     def open_settings(self) -> SettingsDialog:
-        dialog = SettingsDialog(self.settings, self)
+        # After a failed rebuild it starts from what was chosen, not from what was restored.
+        dialog = SettingsDialog(
+            self.settings, self, running=self.engine_info, failed=self._failed_engine
+        )
         dialog.accepted.connect(lambda: self.apply_settings(dialog.result_settings()))
         dialog.open()
         return dialog
@@ -220,6 +225,7 @@ class MainWindow(QMainWindow):
         rebuild = settings.engine != self.settings.engine
         self.settings = settings
         if rebuild:
+            self._attempted_engine = settings.engine
             self.client.apply_settings(settings.engine)
         self._save_settings()
 
@@ -244,6 +250,8 @@ class MainWindow(QMainWindow):
     # ---- engine ---------------------------------------------------------------------------
     def _on_engine_ready(self, info: EngineInfo) -> None:
         self.engine_info = info
+        if info.settings == self._attempted_engine:
+            self._failed_engine = None  # what was chosen now runs
         # After a failed rebuild the worker restores the old engine: keep settings in step.
         self.settings.engine = info.settings
         if info.settings.model:  # the model picker lists it under Recent
@@ -254,6 +262,8 @@ class MainWindow(QMainWindow):
         self.engine_ready.emit(info)
 
     def _on_engine_failed(self, message: str) -> None:
+        if self._attempted_engine is not None:
+            self._failed_engine = (self._attempted_engine, message)
         if self.engine_info is not None:
             self.settings.engine = self.engine_info.settings
             self._save_settings()
