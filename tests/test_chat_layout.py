@@ -133,3 +133,32 @@ def test_a_code_scroller_reserves_its_scroll_bar_and_scrolls_to_the_line_end(qtb
     _settle(qtbot)
     assert not bar.isVisible()
     assert scroller.height() < 2 * scroller.fontMetrics().lineSpacing() + 4
+
+
+def test_entering_edit_mode_does_not_move_the_chat(window_with_code, qtbot):
+    from PySide6.QtCore import Qt
+
+    window = window_with_code
+    window.resize(1024, 700)
+    _settle(qtbot)
+    chat = window.chat
+    bar = chat.scroll.verticalScrollBar()
+    assert bar.maximum() > 0
+    bar.setValue(bar.maximum() // 2)
+    _settle(qtbot)
+
+    def layout() -> tuple:
+        bubbles = [
+            b.mapTo(chat, QPoint(0, 0)).toTuple() + b.size().toTuple() for b in chat.bubbles()
+        ]
+        return window.splitter.sizes(), chat.scroll.geometry().getRect(), bar.value(), bubbles
+
+    before = layout()
+    user = chat.bubbles()[0]
+    qtbot.mouseClick(user.edit, Qt.LeftButton)
+    _settle(qtbot)
+    assert chat.editing_message_id() == user.message_id and chat.edit_banner.isVisible()
+    assert layout() == before
+    qtbot.keyClick(chat.composer, Qt.Key_Escape)
+    _settle(qtbot)
+    assert chat.editing_message_id() == -1 and layout() == before

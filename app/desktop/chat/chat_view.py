@@ -109,7 +109,12 @@ class ChatView(QWidget):
         self.notice = QLabel(objectName="chatNotice", wordWrap=True)
         self.notice.setVisible(False)
 
-        self.edit_banner = QLabel(objectName="editBanner")
+        # Entering edit mode must not move the chat: the banner elides rather than widening the
+        # column, and keeps its room while hidden, so the rows above the composer never change.
+        self.edit_banner = ElidedLabel(objectName="editBanner")
+        policy = self.edit_banner.sizePolicy()
+        policy.setRetainSizeWhenHidden(True)
+        self.edit_banner.setSizePolicy(policy)
         self.edit_banner.setVisible(False)
         self.context_meter = ContextMeter()
         self.backend_picker = BackendPicker()  # hidden until there is a connection
