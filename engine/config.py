@@ -23,6 +23,10 @@ DEFAULT_CPU_KV_MEMORY = 1 << 30  # 1 GiB
 # "auto": keep a GGUF's own quantization; "none": dequantize everything to `dtype` (the exact
 # path); "int8"/"int4": quantize float matrices to nearest at load (engine.model.weight_source).
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+# Quantized matmuls on a CPU (engine/quant/cpu_layout.py): "torch" compiles nothing, which the
+# app builds its first engine with while numba compiles in the background (app/desktop/
+# kernel_switch.py).
+CPU_QUANT_KERNELS = ("auto", "torch")
 
 KNOB = "knob"  # the metadata key of a field's Knob
 
@@ -101,6 +105,14 @@ class EngineConfig:
         None,
         "CPU threads for the math (default: the physical cores less one, so a busy core "
         "elsewhere cannot stall every op; engine/cpu_threads.py)",
+    )
+    cpu_quant_kernel: str = knob(
+        "auto",
+        "quantized matmuls on a CPU: auto: numba's kernels where numba is installed (compiled "
+        "once per machine, tens of seconds, then cached), else torch's; torch: torch's kernels "
+        "(2-5x slower), nothing compiled",
+        CPU_QUANT_KERNELS,
+        cli=False,
     )
     weights_quantized: bool = knob(
         False, "on a CPU, quantized weights run in bfloat16 (see torch_dtype)", user=False

@@ -21,6 +21,7 @@ from engine.model.gemma3 import Gemma3Model
 from engine.model.llama import LlamaModel
 from engine.model.loader import LoadedModel
 from engine.model_too_large import ModelTooLargeError
+from engine.quant.cpu_layout import kernel_choice
 from engine.weight_plan import (
     RUNTIME_OVERHEAD,
     WAYS_OUT,
@@ -73,6 +74,11 @@ def check_fits(config: EngineConfig, loaded: LoadedModel) -> WeightPlan:
 
 
 def build_model(config: EngineConfig, loaded: LoadedModel, max_position: int) -> LlamaModel:
+    with kernel_choice(config.cpu_quant_kernel):  # the weight plan and the layouts follow it
+        return _build_model(config, loaded, max_position)
+
+
+def _build_model(config: EngineConfig, loaded: LoadedModel, max_position: int) -> LlamaModel:
     plan = check_fits(config, loaded)
     device = config.torch_device
     try:

@@ -54,6 +54,7 @@ NOT_IN_SETTINGS = {
     "num_kv_blocks",  # the pool is sized from the memory budget instead
     "max_num_batched_tokens",  # the engine's per-device default suits a chat
     "seed",  # each reply's sampling seed is a sampling setting
+    "cpu_quant_kernel",  # the app picks it: torch's while numba compiles (kernel_switch.py)
 }
 # Knobs whose app default differs from the engine's, and why.
 APP_DEFAULTS = {

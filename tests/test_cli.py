@@ -102,6 +102,7 @@ NOT_ON_THE_COMMAND_LINE = {
     "enable_prefix_caching",
     "allocator",
     "seed",
+    "cpu_quant_kernel",
 }
 
 

@@ -13,7 +13,8 @@ LLM_SIGNATURE = (
     "(model=None, device='auto', dtype='auto', kv_cache_dtype='auto', block_size=16, "
     "num_kv_blocks=None, kv_cache_memory=None, gpu_memory_utilization=0.9, max_model_len=None, "
     "max_num_seqs=64, max_num_batched_tokens=None, enable_prefix_caching=True, "
-    "allocator='paged', seed=0, quantization='auto', num_threads=None)"
+    "allocator='paged', seed=0, quantization='auto', num_threads=None, "
+    "cpu_quant_kernel='auto')"
 )
 
 

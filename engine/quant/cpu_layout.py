@@ -19,7 +19,8 @@ int16 loops before it were on a par with torch's kernel from 4 rows on). The flo
 offset per group cost 2 bits a weight against the int4 layout's 1 (+10% on the bundled model;
 float16 for the formats in cpu_gemv.HALF_KINDS), and Q6_K's 16-element groups need no bfloat16
 dense copy (12 bits a weight instead of 16): a 7B Q4_K_M comes to 5.40 GiB against 5.28.
-`KVSCOPE_CPU_QUANT_KERNEL=torch` keeps torch's kernels.
+An engine built with `cpu_quant_kernel="torch"` (EngineConfig), or any engine under
+`KVSCOPE_CPU_QUANT_KERNEL=torch`, keeps torch's kernels and never compiles numba's.
 
 torch's kernel, and why its layout is what it is:
 
@@ -64,6 +65,9 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,9 +89,26 @@ DEQUANT_MIN_ROWS = 384
 KERNEL_ENV = "KVSCOPE_CPU_QUANT_KERNEL"
 
 
+# The engine being built's cpu_quant_kernel (engine/model_build.py sets it around the build):
+# scoped to that build's thread, so the weights it places, and nothing else, follow it.
+_BUILD_KERNEL: ContextVar[str] = ContextVar("cpu_quant_kernel", default="auto")
+
+
+@contextmanager
+def kernel_choice(choice: str) -> Iterator[None]:
+    """Weights placed inside take `choice`'s layout ("auto" or "torch", EngineConfig's knob)."""
+    token = _BUILD_KERNEL.set(choice)
+    try:
+        yield
+    finally:
+        _BUILD_KERNEL.reset(token)
+
+
 def gemv_wanted() -> bool:
     """numba is installed and not switched off (cheap: imports nothing)."""
-    return os.environ.get(KERNEL_ENV, "auto") != "torch" and cpu_gemv.installed()
+    if _BUILD_KERNEL.get() == "torch" or os.environ.get(KERNEL_ENV, "auto") == "torch":
+        return False
+    return cpu_gemv.installed()
 
 
 def gemv_kernels():
