@@ -13,8 +13,9 @@ request_id, prompt, params)` (or applies the chat template to `messages` first) 
 finished requests with `on_finished(request_id)`.
 
 `fit_to_context` clamps a spec's lengths to the engine's max_seq_len, so no request is refused
-for its length; `preemption_demo` sizes a spec to the pool so that the paged engine runs dry
-and preempts; `describe_progress` says how many submitted requests run and how many wait.
+for its length; `plan_preemption_demo` sizes a spec to the pool and to this machine's measured
+speed (app/core/step_speed.py) so that the paged engine runs dry and preempts within seconds,
+and says when; `describe_progress` says how many submitted requests run and how many wait.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from functools import lru_cache
 
 from app.core.paths import ASSETS_DIR
 from app.core.request_ids import load_request_id
+from app.core.step_speed import DEFAULT_SPEED, MachineSpeed
 from engine import SamplingParams
 
 # Characters per token, measured with SmolLM2's tokenizer on these texts: prompts are sized
@@ -37,11 +39,24 @@ SYSTEM_SHARE = 0.75  # the shared system prompt takes this share of the shortest
 TEMPERATURE = 0.8
 MAX_USERS = 1024
 MAX_TOKENS = 1 << 20
+MAX_RATE = 100.0  # requests/s: the panel's box goes this far
 # A drawn prompt length is a target: the text and the chat template may come out this much
 # longer (measured within ~10%, plus the template's role markers).
 PROMPT_SLACK = 1.15
 TEMPLATE_TOKENS = 24
 MIN_PROMPT_TOKENS = 16  # the panel's least prompt length
+# The preemption preset: its first preemption within about DEMO_TARGET_S of Start, prompts
+# filling DEMO_PROMPT_FILL of the pool (room for the template's and the text's slack), replies
+# that need DEMO_OVERRUN times the pool in all; drawn lengths in [DEMO_SPREAD x, x].
+DEMO_TARGET_S = 20.0
+DEMO_TOO_SLOW = 1.5  # past this many targets, suggest a smaller pool
+DEMO_PROMPT_FILL = 0.8
+DEMO_OVERRUN = 1.2
+DEMO_SPREAD = 0.9
+# At most this many users: a step of 16 decodes is near what chats (n=3) and the panel's default
+# 4 users let the meter see; past it the measured per-sequence cost extrapolates badly (from
+# batches of 1-5: 1.4 ms a sequence; at 64 on this machine: 29 ms).
+DEMO_MAX_USERS = 16
 
 
 def _check_range(name: str, value: object) -> tuple[int, int]:
@@ -221,27 +236,96 @@ def fit_to_context(spec: LoadSpec, max_seq_len: int) -> LoadSpec:
     return replace(spec, prompt_tokens=(prompt_lo, prompt_hi), output_tokens=(out_lo, out_hi))
 
 
-def preemption_demo(
-    num_blocks: int, block_size: int, max_seq_len: int, max_num_seqs: int = 64
-) -> LoadSpec:
-    """Users and lengths that overrun this pool: together their prompts take about 80% of it,
-    so all are admitted, and their outputs need about as much again, so while they decode the
-    pool runs dry and the newest sequences are preempted. Private prompts (no shared prefix to
-    save blocks); everyone arrives within about a second."""
-    pool_tokens = num_blocks * block_size
-    length = min(max_seq_len, max(64, pool_tokens // 4))  # a quarter pool each: ~8 users
-    users = max(2, min(max_num_seqs, MAX_USERS, math.ceil(2 * pool_tokens / length)))
-    prompt = int(0.8 * pool_tokens / users / PROMPT_SLACK) - TEMPLATE_TOKENS
-    prompt = max(MIN_PROMPT_TOKENS, min(prompt, length // 2))
-    output = max(8, length - int(prompt * PROMPT_SLACK) - TEMPLATE_TOKENS)
+@dataclass(frozen=True)
+class DemoPlan:
+    """The preemption preset: the load, and when its first preemption should show."""
+
+    spec: LoadSpec
+    prefill_s: float  # the prompts' prefill, at the measured rate
+    first_preemption_s: float  # prefill, then decoding until the pool runs dry
+    pool_tokens: int
+    # A pool that shows it within the target here, when this one takes much longer; else None.
+    suggested_pool_tokens: int | None = None
+
+
+def _demo_for(users: int, pool: int, max_seq_len: int, speed: MachineSpeed) -> DemoPlan | None:
+    """`users` private prompts filling DEMO_PROMPT_FILL of the pool, outputs as long as the
+    context allows; None when their replies would not overrun the pool."""
+    prompt = int(DEMO_PROMPT_FILL * pool / users / PROMPT_SLACK) - TEMPLATE_TOKENS
+    prompt = min(prompt, int((max_seq_len - TEMPLATE_TOKENS) / 2 / PROMPT_SLACK))
+    if prompt < MIN_PROMPT_TOKENS:
+        return None
+    room = max(2, max_seq_len - TEMPLATE_TOKENS)  # as fit_to_context keeps it: half for replies
+    output = min(max_seq_len - int(prompt * PROMPT_SLACK) - TEMPLATE_TOKENS, room // 2)
+    # What a request takes on average: drawn lengths in [DEMO_SPREAD x, x], the template on top.
+    mean = (1 + DEMO_SPREAD) / 2
+    prompt_held = users * (mean * prompt + TEMPLATE_TOKENS)
+    if users * (prompt_held / users + mean * output) < DEMO_OVERRUN * pool:
+        return None  # they would finish before the pool runs dry
     spec = LoadSpec(
         num_users=users,
-        prompt_tokens=(max(MIN_PROMPT_TOKENS, prompt * 3 // 4), prompt),
-        output_tokens=(max(1, output * 3 // 4), output),
+        prompt_tokens=(max(MIN_PROMPT_TOKENS, int(prompt * DEMO_SPREAD)), prompt),
+        output_tokens=(max(1, int(output * DEMO_SPREAD)), output),
         shared_system_prompt=False,
-        arrival_rate_per_s=4.0 * users,
+        arrival_rate_per_s=min(4.0 * users, MAX_RATE),  # everyone within about a second
     )
-    return fit_to_context(spec, max_seq_len)
+    prefill_s = prompt_held / speed.prefill_tokens_per_s
+    decode_steps = max(0.0, pool - prompt_held) / users  # each step adds a token to each
+    total = prefill_s + decode_steps * speed.decode_step_s(users)
+    return DemoPlan(fit_to_context(spec, max_seq_len), prefill_s, total, pool)
+
+
+def plan_preemption_demo(
+    num_blocks: int,
+    block_size: int,
+    max_seq_len: int,
+    max_num_seqs: int = 64,
+    speed: MachineSpeed = DEFAULT_SPEED,
+    target_s: float = DEMO_TARGET_S,
+) -> DemoPlan:
+    """Users and lengths that overrun this pool soonest at this machine's speed: prompts fill
+    most of it (prefill computes a token faster than decode), then the replies need more than
+    is left, so while they decode the pool runs dry and the newest sequences are preempted.
+    Among the user counts that overrun it, the one whose first preemption comes first (a bigger
+    batch decodes more tokens a second). Filling the pool takes pool / prefill rate at least:
+    when that is far past `target_s`, `suggested_pool_tokens` is a pool that would not be."""
+    pool = num_blocks * block_size
+    limit = max(2, min(max_num_seqs, DEMO_MAX_USERS))
+    plans = [p for u in range(2, limit + 1) if (p := _demo_for(u, pool, max_seq_len, speed))]
+    if not plans:  # too short a context, or too few users, to overrun it: the most that fit
+        least = MIN_PROMPT_TOKENS * PROMPT_SLACK + TEMPLATE_TOKENS
+        users = max(2, min(limit, int(DEMO_PROMPT_FILL * pool / least)))
+        spec = LoadSpec(num_users=users, prompt_tokens=(MIN_PROMPT_TOKENS, MIN_PROMPT_TOKENS),
+                        output_tokens=(max_seq_len, max_seq_len), shared_system_prompt=False,
+                        arrival_rate_per_s=min(4.0 * users, MAX_RATE))  # fmt: skip
+        spec = fit_to_context(spec, max_seq_len)
+        held = users * least
+        prefill_s = held / speed.prefill_tokens_per_s
+        needs = held + users * spec.output_tokens[1]
+        total = prefill_s + max(0, pool - held) / users * speed.decode_step_s(users)
+        plans = [DemoPlan(spec, prefill_s, total if needs > pool else math.inf, pool)]
+    best = min(plans, key=lambda p: p.first_preemption_s)
+    if best.first_preemption_s <= DEMO_TOO_SLOW * target_s:
+        return best
+    # The time grows about linearly with the pool: scale it down, whole blocks, small enough
+    # for `limit` users of a full context to overrun it (a pool under max_seq_len shortens the
+    # context with it, which the rebuilt engine's plan allows for).
+    suggested = limit * max_seq_len / (DEMO_OVERRUN + DEMO_PROMPT_FILL)
+    if math.isfinite(best.first_preemption_s):
+        suggested = min(suggested, pool * target_s / best.first_preemption_s)
+    suggested = max(int(suggested) // block_size * block_size, 8 * block_size)
+    return replace(best, suggested_pool_tokens=suggested if suggested < pool else None)
+
+
+def preemption_demo(
+    num_blocks: int,
+    block_size: int,
+    max_seq_len: int,
+    max_num_seqs: int = 64,
+    speed: MachineSpeed = DEFAULT_SPEED,
+) -> LoadSpec:
+    """The preset's load alone (see plan_preemption_demo)."""
+    return plan_preemption_demo(num_blocks, block_size, max_seq_len, max_num_seqs, speed).spec
 
 
 def describe_progress(in_flight: list[str], sequences: list[tuple[str, str]]) -> str:

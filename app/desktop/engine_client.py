@@ -63,6 +63,7 @@ class EngineClient(QObject):
         self.load_status, self.context_usage = w.load_status, w.context_usage
         self.recording = w.recording
         self.server_state = w.server_state
+        self.speed = w.speed
 
     def start(self) -> None:
         _RUNNING.add(self)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import time
+import weakref
 
 from PySide6.QtCore import QThread, QTimer, Signal, Slot
 
@@ -46,6 +47,7 @@ from app.core.engine_messages import (
     ServerState,
 )
 from app.core.settings import EngineSettings
+from app.core.step_speed import StepSpeed
 from app.desktop.engine_host import TELEMETRY_INTERVAL_S, EngineHost, describe_error
 
 RECORD_WHEN_IDLE = (
@@ -65,6 +67,7 @@ class EngineWorker(EngineHost):
     load_status = Signal(bool, str)  # simulated users running?, a line about them
     recording = Signal(object)  # RecordingState, after every start or stop
     server_state = Signal(object)  # ServerState, after every server start or stop
+    speed = Signal(object)  # MachineSpeed: prefill and decode as measured here, every second
     _server_wake = Signal()  # from the HTTP thread: served requests are queued
 
     def __init__(self, settings: EngineSettings, loaded_model=None) -> None:
@@ -79,6 +82,9 @@ class EngineWorker(EngineHost):
         self._recording_path = ""  # the session file being written, "" when not recording
         self._server = None  # app.serve.server.Server while serving this engine
         self._server_wake.connect(self._wake_for_server)
+        self._speed: StepSpeed | None = None  # times this engine's steps (the load preset's)
+        self._speed_of = None  # a weak reference to the engine it listens to
+        self._speed_sent = 0.0
 
     # ---- lifecycle (runs in the worker thread) -------------------------------------------
     @Slot()
@@ -313,8 +319,11 @@ class EngineWorker(EngineHost):
             served.drain()  # the HTTP clients' adds, aborts and reads, between steps
             self._dirty = True
         if engine.has_unfinished_requests():
+            self._time_steps_of(engine)
+            started = time.perf_counter()
             try:
                 outputs = engine.step()
+                self._speed.end_step(time.perf_counter() - started)
             except Exception as e:  # a failing step must not kill the worker: report, clean up
                 self._step_failed(e)
                 return
@@ -325,10 +334,21 @@ class EngineWorker(EngineHost):
                 served.deliver(outputs)
             if time.monotonic() - self._last_publish >= TELEMETRY_INTERVAL_S:
                 self._publish()
+            if time.monotonic() - self._speed_sent >= 1.0:
+                self._speed_sent = time.monotonic()
+                self.speed.emit(self._speed.speed())
         if engine.has_unfinished_requests():
             self._wake()
         elif self._load is not None and self._load.next_arrival() is not None:
             self._wake(self._load.next_arrival() - time.monotonic())
+
+    def _time_steps_of(self, engine) -> None:
+        """Measure this engine's steps (a new one after every rebuild); a weak reference, so
+        an old engine is not kept alive by it."""
+        if self._speed_of is None or self._speed_of() is not engine:
+            self._speed = StepSpeed(engine.config.block_size)
+            engine.subscribe_kv_events(self._speed.on_event)
+            self._speed_of = weakref.ref(engine)
 
     def _deliver(self, output) -> None:
         request_id = output.request_id

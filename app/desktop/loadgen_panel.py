@@ -2,7 +2,9 @@
 
 Once the engine is known (`set_engine_info`) the lengths are kept within its context, so no
 request is refused for its length, and the "Preemption demo" preset fills in a load that
-overruns the current pool.
+overruns the current pool, sized to this machine's measured speed (`set_speed`), and says when
+the first preemption should show. Where filling this pool takes far longer, it offers a smaller
+one (`pool_requested`, in MiB) and applies itself again once the engine is rebuilt.
 """
 
 from __future__ import annotations
@@ -24,7 +26,17 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.engine_messages import EngineInfo
-from app.core.loadgen import MAX_USERS, MIN_PROMPT_TOKENS, LoadSpec, fit_to_context, preemption_demo
+from app.core.loadgen import (
+    DEMO_TARGET_S,
+    MAX_RATE,
+    MAX_USERS,
+    MIN_PROMPT_TOKENS,
+    DemoPlan,
+    LoadSpec,
+    fit_to_context,
+    plan_preemption_demo,
+)
+from app.core.step_speed import DEFAULT_SPEED, MachineSpeed
 
 MAX_PROMPT_TOKENS = 32768
 MAX_OUTPUT_TOKENS = 8192
@@ -70,6 +82,7 @@ class _RangeRow(QWidget):
 class LoadGeneratorPanel(QWidget):
     start_requested = Signal(object)  # LoadSpec
     stop_requested = Signal()
+    pool_requested = Signal(int)  # a KV pool in MiB the preset would rather run on
 
     def __init__(self, parent: QWidget | None = None, spec: LoadSpec | None = None) -> None:
         super().__init__(parent)
@@ -77,6 +90,9 @@ class LoadGeneratorPanel(QWidget):
         self.users = _spin(1, MAX_USERS, spec.num_users)
         self.users.setToolTip("Simulated users; each has one request in flight at most.")
         self._info: EngineInfo | None = None
+        self._speed: MachineSpeed = DEFAULT_SPEED
+        self._suggested_mib = 0  # the smaller pool the preset offers, 0 when none
+        self._preset_after_rebuild = False
         self.prompt = _RangeRow(MIN_PROMPT_TOKENS, MAX_PROMPT_TOKENS, *spec.prompt_tokens)
         self.prompt.setToolTip("Prompt length of each request, drawn uniformly (approximate).")
         self.output = _RangeRow(1, MAX_OUTPUT_TOKENS, *spec.output_tokens)
@@ -85,7 +101,7 @@ class LoadGeneratorPanel(QWidget):
         self.shared.setChecked(spec.shared_system_prompt)
         self.shared.setToolTip("The prefix cache then serves it from shared blocks.")
         self.rate = QDoubleSpinBox()
-        self.rate.setRange(0.01, 100.0)
+        self.rate.setRange(0.01, MAX_RATE)
         self.rate.setDecimals(2)
         self.rate.setSingleStep(0.25)
         self.rate.setSuffix(" requests/s")
@@ -104,6 +120,10 @@ class LoadGeneratorPanel(QWidget):
         )
         self.preset.setEnabled(False)  # sized from the engine's pool: known once it is up
         self.preset.clicked.connect(self.apply_preemption_demo)
+        self.smaller_pool = QPushButton("")
+        self.smaller_pool.setToolTip("Rebuild the engine with this KV pool (saved as in Settings).")
+        self.smaller_pool.clicked.connect(self._request_smaller_pool)
+        self.smaller_pool.hide()
         self.limit = QLabel("")
         self.limit.setWordWrap(True)
         self.limit.setStyleSheet("color: #8C94A3;")
@@ -140,6 +160,7 @@ class LoadGeneratorPanel(QWidget):
         layout.addWidget(self.limit)
         layout.addLayout(buttons)
         layout.addWidget(self.status)
+        layout.addWidget(self.smaller_pool)
         layout.addStretch(1)
         self._inputs = (
             self.users, self.prompt, self.output, self.shared, self.rate, self.seed, self.preset
@@ -194,19 +215,52 @@ class LoadGeneratorPanel(QWidget):
             f" {info.max_model_len:,}, pool {info.num_blocks:,} blocks × {info.block_size})."
         )
         self.preset.setEnabled(self.start.isEnabled())
+        self.smaller_pool.hide()
+        if self._preset_after_rebuild:  # the smaller pool it asked for: size the load to it
+            self._preset_after_rebuild = False
+            self.apply_preemption_demo()
 
-    def apply_preemption_demo(self) -> None:
+    def set_speed(self, speed: MachineSpeed) -> None:
+        """This machine's prefill and decode speed, as the worker measured it."""
+        self._speed = speed
+
+    def preemption_plan(self) -> DemoPlan | None:
         info = self._info
         if info is None:
+            return None
+        return plan_preemption_demo(
+            info.num_blocks,
+            info.block_size,
+            info.max_seq_len,
+            info.settings.max_num_seqs,
+            self._speed,
+        )
+
+    def apply_preemption_demo(self) -> None:
+        plan = self.preemption_plan()
+        if plan is None:
             return
-        spec = preemption_demo(
-            info.num_blocks, info.block_size, info.max_seq_len, info.settings.max_num_seqs
-        )
-        self.set_spec(spec)
-        self.set_status(
-            f"Preset: {spec.num_users} users whose replies need about twice the pool;"
-            " press Start and watch the preempted count."
-        )
+        self.set_spec(plan.spec)
+        self.set_status(describe_plan(plan, self._speed))
+        self._suggested_mib = self._pool_mib(plan.suggested_pool_tokens)
+        self.smaller_pool.setVisible(self._suggested_mib > 0)
+        self.smaller_pool.setText(f"Use a {self._suggested_mib:,} MiB KV pool for this demo")
+
+    def _pool_mib(self, tokens: int | None) -> int:
+        """The CPU pool budget holding `tokens` (0: none to offer; on a GPU the pool is sized
+        from gpu_memory_utilization, so no MiB figure applies)."""
+        info = self._info
+        if tokens is None or info is None or info.device != "cpu" or not info.kv_bytes_per_token:
+            return 0
+        mib = max(1, tokens * info.kv_bytes_per_token >> 20)
+        return mib if mib < info.settings.kv_budget_mib else 0
+
+    def _request_smaller_pool(self) -> None:
+        if self._suggested_mib:
+            self._preset_after_rebuild = True
+            self.smaller_pool.hide()
+            self.set_status(f"Rebuilding the engine with a {self._suggested_mib:,} MiB pool…")
+            self.pool_requested.emit(self._suggested_mib)
 
     def set_running(self, running: bool) -> None:
         """Reflect whether the load runs: settings lock while it does."""
@@ -233,3 +287,28 @@ class LoadGeneratorPanel(QWidget):
     def _on_stop(self) -> None:
         self.set_running(False)
         self.stop_requested.emit()
+
+
+def describe_plan(plan: DemoPlan, speed: MachineSpeed) -> str:
+    """What the preset will do and when to expect it, in figures."""
+    spec = plan.spec
+    when = plan.first_preemption_s
+    head = f"Preset: {spec.num_users} users, prompts filling most of the pool, then replies"
+    if when == float("inf"):
+        text = (
+            f"{head} that cannot overrun it: {spec.num_users} users of a full context hold"
+            f" less than its {plan.pool_tokens:,} tokens."
+        )
+    else:
+        text = (
+            f"{head} that overrun it. First preemption in about {_seconds(when)} after Start"
+            f" ({_seconds(plan.prefill_s)} of prefill); watch the preempted count."
+        )
+    if plan.suggested_pool_tokens:
+        tokens = plan.suggested_pool_tokens
+        text += f" A pool of {tokens:,} tokens would show it in about {DEMO_TARGET_S:.0f} s."
+    return f"{text}\nSpeed: {speed.describe()}."
+
+
+def _seconds(s: float) -> str:
+    return f"{s:,.0f} s" if s >= 2 else f"{max(s, 0.1):.1f} s"
