@@ -162,3 +162,11 @@ package-test: package
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+
+# The hour-long drive of the real window (tests/drive/long_drive.py): chats, a model switch and
+# back, the load generator, record and replay, themes, with RSS every 10 s and GUI stalls over
+# 200 ms logged with their cause; results in drive_out/ (drive.json, rss.png, screenshots).
+MINUTES ?= 60
+.PHONY: drive
+drive: setup
+	$(PY) tests/drive/long_drive.py --minutes $(MINUTES) --out drive_out
