@@ -203,7 +203,11 @@ def test_tree_attributes_the_shared_branch_and_status_lines_say_down_and_restart
     assert line_a.startswith("live") and "seq 812" in line_a
     line_b = view.status_text(B)
     assert line_b.startswith("down")
-    assert "HTTP error: ConnectError: [Errno 111] Connection refused" in line_b
+    # Said in words; the raised text stays in the tooltip (issue 29).
+    assert "nothing is listening at http://gpu-b:8000: is the server running?" in line_b
+    assert "[Errno 111]" not in line_b
+    tip = view.cards[B].status.toolTip()
+    assert "HTTP error: ConnectError: [Errno 111] Connection refused" in tip
     assert "1 restart (cache cleared)" in line_b and "2 malformed frames" in line_b
 
     tiles = view.cards[A].tiles_text()
@@ -362,7 +366,9 @@ def test_real_monitors_on_a_server_that_is_not_there_show_down_without_blocking(
     ticks = []
     view.timer.timeout.connect(lambda: ticks.append(time.monotonic()))
     qtbot.waitUntil(lambda: view.status_text(label).startswith("down"), timeout=10_000)
-    assert "HTTP error: ConnectError" in view.status_text(label)
+    said = f"nothing is listening at http://127.0.0.1:{http}: is the server running?"
+    assert said in view.status_text(label)
+    assert "ConnectError" in view.cards[label].status.toolTip()
     assert ticks  # the timer kept running while the server was away
     view.shutdown()
 

@@ -56,7 +56,8 @@ class ReplicaCard(QWidget):
         self.swatch.setFixedSize(12, 12)
         self.swatch.setStyleSheet(f"background: {color}; border-radius: 2px;")
         self.name = QLabel(escape(replica), objectName="replicaName")
-        self.status = QLabel("connecting", objectName="replicaStatus")
+        # Its own row under the name and the button, wrapped: a long error is never cut off.
+        self.status = QLabel("connecting", objectName="replicaStatus", wordWrap=True)
         self.status.setTextFormat(Qt.TextFormat.RichText)
         self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.status.setMinimumWidth(1)
@@ -65,7 +66,7 @@ class ReplicaCard(QWidget):
         head.setSpacing(6)
         head.addWidget(self.swatch)
         head.addWidget(self.name)
-        head.addWidget(self.status, 1)
+        head.addStretch(1)
         self.disconnect_button = QToolButton(text="Disconnect", objectName="disconnectReplica")
         self.disconnect_button.setToolTip(f"Stop following {replica} (Engine ▸ Connect… adds it)")
         self.disconnect_button.setStyleSheet("padding: 0 6px; font-size: 10px;")
@@ -80,6 +81,7 @@ class ReplicaCard(QWidget):
         layout.setContentsMargins(0, 2, 0, 2)
         layout.setSpacing(3)
         layout.addLayout(head)
+        layout.addWidget(self.status)
         layout.addLayout(grid)
         self.line: StatusLine | None = None
 
@@ -111,6 +113,7 @@ class ReplicaCard(QWidget):
             text += f" <span style='color:#7A8290'>· {escape(extra)}</span>"
         self.status.setText(text)
         tip = line.text + (f" · {extra}" if extra else "")
+        tip += "".join(f"\n{t}" for t in line.technical)
         self.status.setToolTip(tip + (f"\nBlock hashes: {note}" if note else ""))
 
     def set_metrics(self, metrics, history: list) -> None:

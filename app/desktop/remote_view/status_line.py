@@ -5,11 +5,16 @@ States, most serious first: "down" (metrics unreachable and no live event stream
 "reconnecting in N s" (the event socket lost its server; ZMQ retries with backoff),
 "silent for N s" (connected, nothing for a while, yet /metrics says requests run: events are
 not arriving), "idle for N s" (connected, nothing for a while, nothing running: the usual
-quiet server; ZMQ heartbeats would have shown a dead link as reconnecting), "live"."""
+quiet server; ZMQ heartbeats would have shown a dead link as reconnecting), "live".
+
+An HTTP error is said in words ("nothing is listening at http://127.0.0.1:8000: is the server
+running?"); the exception's own text ("ConnectError: [Errno 111] Connection refused") stays in
+`technical`, which the card puts in its tooltip."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 OK, WARN, BAD, IDLE = "ok", "warn", "bad", "idle"
@@ -21,6 +26,7 @@ class StatusLine:
     state: str  # "live", "silent for 12 s", "down", "reconnecting", "connecting", "stopped"
     severity: str  # OK | WARN | BAD | IDLE
     details: tuple[str, ...]  # "events seq 812", "1 restart (cache cleared)", ...
+    technical: tuple[str, ...] = ()  # the errors as raised, for the tooltip
 
     @property
     def text(self) -> str:
@@ -37,6 +43,31 @@ def count_text(n: int) -> str:
         return "over 1e30"
     mantissa, exponent = f"{n:.1e}".split("e")
     return f"{mantissa}e{int(exponent)}"
+
+
+# (pattern in the raised text, what it means; {url} is the replica's base URL)
+_PLAIN_ERRORS = (
+    (r"Errno 111|Connection refused|ECONNREFUSED|WinError 10061",
+     "nothing is listening at {url}: is the server running?"),
+    (r"Name or service not known|nodename nor servname|getaddrinfo failed|Errno -[23]",
+     "cannot find the host of {url}: is the address right?"),
+    (r"Errno 113|Errno 101|No route to host|Network is unreachable",
+     "cannot reach {url} from this machine: is the address right?"),
+    (r"Timeout|timed out", "{url} did not answer in time: is it busy or behind a firewall?"),
+    (r"HTTP 40[13]\b", "{url} refused the API key: check the key in Engine ▸ Connect…"),
+    (r"HTTP 404\b", "{url} has no /metrics: is it a vLLM-compatible server?"),
+    (r"HTTP 5\d\d\b", "{url} answered with a server error: see its log"),
+    (r"RemoteProtocolError|Server disconnected|Connection reset|Errno 104",
+     "{url} closed the connection: is it an HTTP server?"),
+)  # fmt: skip
+
+
+def plain_http_error(error: str, url: str) -> str:
+    """An HTTP error as a user would say it; the raw text when it is none of the known kinds."""
+    for pattern, words in _PLAIN_ERRORS:
+        if re.search(pattern, error, flags=re.IGNORECASE):
+            return words.format(url=url)
+    return error
 
 
 def _plural(n: int, one: str, many: str | None = None) -> str:
@@ -79,8 +110,14 @@ def status_line(snapshot, now: float) -> StatusLine:
         details.append("no KV events endpoint: metrics only")
     if http_down and state != "live":
         state, severity = "down", BAD
+    technical: list[str] = []
     if http_down:
-        error = f"HTTP error: {snapshot.http_error or 'no answer'}"
+        raw = snapshot.http_error or "no answer"
+        error = plain_http_error(raw, snapshot.connection.url)
+        if error == raw:
+            error = f"HTTP error: {raw}"
+        else:
+            technical.append(f"HTTP error: {raw}")
         retry_at = snapshot.http_retry_at
         if retry_at is not None and retry_at > now:
             error += f" (retry in {retry_at - now:.0f} s)"
@@ -111,4 +148,4 @@ def status_line(snapshot, now: float) -> StatusLine:
         )
         if severity == OK:
             severity = WARN  # the map shows fewer blocks than the server announced
-    return StatusLine(state, severity, tuple(details))
+    return StatusLine(state, severity, tuple(details), tuple(technical))
