@@ -1,6 +1,7 @@
 """Chat export: Markdown and JSON hold exactly the stored chat, and exporting changes nothing."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -95,7 +96,9 @@ def test_the_chat_list_exports_where_the_user_picks(store, qtbot, tmp_path, monk
 
     monkeypatch.setattr(conversation_list.QFileDialog, "getSaveFileName", pick)
     chats.ask_export(cid, "json")
-    assert asked == [("Trip-to-Rome.json", "JSON (*.json)")]
+    assert [(Path(name).name, kind) for name, kind in asked] == [
+        ("Trip-to-Rome.json", "JSON (*.json)")
+    ]
     assert json.loads(target.read_text())["conversations"][0]["id"] == cid
 
     monkeypatch.setattr(conversation_list.QFileDialog, "getSaveFileName", lambda *a: ("", ""))

@@ -25,7 +25,12 @@ from PySide6.QtWidgets import (
 from app.core.chat_store import ChatStore
 from app.core.request_ids import conversation_group
 from app.desktop.blockmap.colors import group_hex
-from app.desktop.chat.export import export_chat, suggested_file_name
+from app.desktop.chat.export import (
+    export_chat,
+    export_folder,
+    remember_export_folder,
+    suggested_file_name,
+)
 from app.desktop.chat.markdown import plain_text
 
 GENERATING_MARK = "● "
@@ -137,15 +142,16 @@ class ConversationList(QWidget):
         """Ask where to write the chat ("markdown" or "json") and write it there."""
         title = self.store.conversation(conversation_id).title
         kind = "Markdown (*.md)" if fmt == "markdown" else "JSON (*.json)"
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Export chat", suggested_file_name(plain_text(title), fmt), kind
-        )
+        start = export_folder() / suggested_file_name(plain_text(title), fmt)
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(start), kind)
         if not path:
             return
         try:
             export_chat(self.store, conversation_id, path, fmt)
         except OSError as e:
             QMessageBox.warning(self, "The chat was not exported", f"{path}: {e}")
+            return
+        remember_export_folder(path)
 
     def _item_changed(self, item: QListWidgetItem | None, _previous) -> None:
         if item is not None:

@@ -4,20 +4,30 @@ Export only reads the store. Markdown gives a heading per chat, the system promp
 message under its role (every sample of an n > 1 reply, the one shown first). JSON is a versioned
 object holding every stored field of the chats and their messages (metrics, alternatives,
 status, times), so nothing the store knows is lost on the way out.
+
+The save dialog starts in the folder of the last export (remembered in the data folder), or
+in the user's Documents the first time, never in whatever folder the app was started from.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 
+from PySide6.QtCore import QStandardPaths
+
+from app.core import paths
 from app.core.chat_store import ChatStore, Conversation, Message
 
 EXPORT_VERSION = 1
 FORMATS = {"markdown": ".md", "json": ".json"}
 ROLE_LABELS = {"user": "You", "assistant": "Assistant"}
+LAST_FOLDER_FILE = "last_export_folder.txt"
+
+log = logging.getLogger(__name__)
 
 
 def chat_markdown(conversation: Conversation, messages: list[Message]) -> str:
@@ -81,3 +91,28 @@ def suggested_file_name(title: str, fmt: str) -> str:
     stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in title.strip())
     stem = "-".join(part for part in stem.split("-") if part)[:60] or "chat"
     return stem + FORMATS[fmt]
+
+
+def export_folder() -> Path:
+    """Where the save dialog starts: the last export's folder while it exists, else Documents
+    (QStandardPaths: ~/Documents, the localised name, or the home folder where there is none)."""
+    try:
+        remembered = (paths.data_dir() / LAST_FOLDER_FILE).read_text(encoding="utf-8").strip()
+    except OSError:  # none yet, or unreadable: the default below
+        remembered = ""
+    if remembered and Path(remembered).is_dir():
+        return Path(remembered)
+    location = QStandardPaths.StandardLocation.DocumentsLocation
+    documents = QStandardPaths.writableLocation(location)
+    return Path(documents) if documents and Path(documents).is_dir() else Path.home()
+
+
+def remember_export_folder(written: str | Path) -> None:
+    """The next export starts in the folder of `written`; a failure to save that only costs
+    the convenience, so it is not raised."""
+    try:
+        (paths.data_dir() / LAST_FOLDER_FILE).write_text(
+            str(Path(written).resolve().parent), encoding="utf-8"
+        )
+    except OSError as e:
+        log.warning("could not remember the export folder: %s", e)
