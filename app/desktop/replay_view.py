@@ -6,7 +6,8 @@ shadow as they were after that step. `replay_events` turns the file back into th
 it runs on a background thread (it reads the whole file and rebuilds every step), and the
 slider grows as steps arrive, so a long session never freezes the window. A file is data from
 anywhere: one too big to view is refused before it is read, the steps kept are capped by count
-and memory, and a damaged or hostile file ends in a message, never a crash.
+and memory, and a damaged or hostile file ends in a message, never a crash. Play steps through
+on a timer at the chosen speed (steps a second) and pauses at the last step read, or on a click.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
+    QComboBox,
     QDialog,
     QHBoxLayout,
     QLabel,
@@ -39,6 +41,9 @@ MAX_STEPS = 20_000
 MAX_KEPT_BYTES = 1 << 30  # all kept snapshots together
 HEADER_LIMIT = 16 << 20  # the first line (it lists cached blocks), read before the rest
 POLL_MS = 100
+PLAY_SPEEDS = (1, 2, 5, 10, 25)  # steps a second
+DEFAULT_SPEED = 5
+PLAY_TEXT, PAUSE_TEXT = "▶ Play", "❚❚ Pause"
 
 
 def check_recording(path: Path) -> dict:
@@ -133,6 +138,16 @@ class ReplayDialog(QDialog):
         self.slider.setEnabled(False)
         self.previous = QPushButton("◀ Step")
         self.next = QPushButton("Step ▶")
+        self.play = QPushButton(PLAY_TEXT, objectName="replayPlay")
+        self.play.setToolTip("Step through the recording on a timer; click again to pause")
+        self.play.setEnabled(False)
+        self.speed = QComboBox(objectName="replaySpeed")
+        for rate in PLAY_SPEEDS:
+            self.speed.addItem(f"{rate} steps/s", rate)
+        self.speed.setCurrentIndex(PLAY_SPEEDS.index(DEFAULT_SPEED))
+        self.speed.setToolTip("Playback speed")
+        self._player = QTimer(self)
+        self._player.timeout.connect(self.advance)
         self.about = QLabel(_about(path, header), wordWrap=True, objectName="replayAbout")
         self.about.setStyleSheet(CAPTION_STYLE)
         self.step_label = QLabel("Reading the recording…", objectName="replayStep")
@@ -153,6 +168,8 @@ class ReplayDialog(QDialog):
             column.addWidget(view, 1)
             maps.addLayout(column, 1)
         timeline = QHBoxLayout()
+        timeline.addWidget(self.play)
+        timeline.addWidget(self.speed)
         timeline.addWidget(self.previous)
         timeline.addWidget(self.slider, 1)
         timeline.addWidget(self.next)
@@ -170,12 +187,42 @@ class ReplayDialog(QDialog):
         self.slider.valueChanged.connect(self.show_step)
         self.previous.clicked.connect(lambda: self.slider.setValue(self.slider.value() - 1))
         self.next.clicked.connect(lambda: self.slider.setValue(self.slider.value() + 1))
+        self.play.clicked.connect(self.toggle_play)
+        self.speed.currentIndexChanged.connect(self._set_interval)
+        self._set_interval()
         self._poll = QTimer(self, interval=POLL_MS)
         self._poll.timeout.connect(self.poll)
         self._poll.start()
 
     def num_steps(self) -> int:
         return self.slider.maximum() + 1 if self.slider.isEnabled() else 0
+
+    @property
+    def playing(self) -> bool:
+        return self._player.isActive()
+
+    def toggle_play(self) -> None:
+        if self.playing:
+            self.pause()
+            return
+        if self.slider.value() >= self.slider.maximum():
+            self.slider.setValue(0)  # at the end: play from the start
+        self._player.start()
+        self.play.setText(PAUSE_TEXT)
+
+    def pause(self) -> None:
+        self._player.stop()
+        self.play.setText(PLAY_TEXT)
+
+    def advance(self) -> None:
+        """One step on; at the last step read it waits for more, or pauses when all are in."""
+        if self.slider.value() < self.slider.maximum():
+            self.slider.setValue(self.slider.value() + 1)
+        elif self.loader.done:
+            self.pause()
+
+    def _set_interval(self) -> None:
+        self._player.setInterval(round(1000 / self.speed.currentData()))
 
     def poll(self) -> None:
         """Grow the timeline by the steps read so far; report the end or the error."""
@@ -184,6 +231,7 @@ class ReplayDialog(QDialog):
         if count > self.num_steps():
             first = self.num_steps() == 0
             self.slider.setEnabled(True)
+            self.play.setEnabled(True)
             self.slider.setMaximum(count - 1)
             if first:
                 self.show_step(0)
@@ -233,6 +281,7 @@ class ReplayDialog(QDialog):
     def done(self, result: int) -> None:  # closing stops the reader
         self.loader.cancel()
         self._poll.stop()
+        self._player.stop()
         super().done(result)
 
 
