@@ -82,7 +82,7 @@ def _warm_up(ns: SimpleNamespace) -> None:
             np.zeros((m, 2), np.int32),
             np.ones(m, np.int32),
             0,
-            0.5,
+            np.float32(0.5),  # the scale as engine/model/cpu_decode.py passes it
             hq,
             hkv,
             out,

@@ -62,6 +62,7 @@ class EngineClient(QObject):
         self.telemetry, self.block_info, self.error = w.telemetry, w.block_info, w.error
         self.load_status, self.context_usage = w.load_status, w.context_usage
         self.recording = w.recording
+        self.kernel_status = w.kernel_status  # the CPU kernels' background compile
         self.server_state = w.server_state
         self.speed = w.speed
 

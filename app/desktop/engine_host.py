@@ -16,6 +16,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from app.core.engine_messages import EngineInfo, Telemetry
 from app.core.settings import EngineSettings
+from app.desktop.kernel_switch import KernelSwitch
 from engine.device_memory import read_device_memory
 from engine.kv.snapshot import KVSnapshot
 
@@ -30,6 +31,7 @@ class EngineHost(QObject):
     engine_failed = Signal(str)  # load / rebuild error; the previous engine (if any) stays
     busy = Signal(str)  # what the worker is doing ("" when idle between steps)
     telemetry = Signal(object)  # Telemetry
+    kernel_status = Signal(str)  # the CPU kernels' background compile, "" when nothing to say
 
     def __init__(self, settings: EngineSettings, loaded_model=None) -> None:
         super().__init__()
@@ -44,6 +46,9 @@ class EngineHost(QObject):
         self._last_memory = 0.0
         self._device_memory: dict | None = None
         self._last_snapshots: tuple[KVSnapshot, KVSnapshot | None] | None = None
+        # torch's CPU kernels while numba's compile in the background (app/desktop/kernel_switch.py)
+        self._kernels = KernelSwitch(self)
+        self._kernel = "auto"  # the current engine's cpu_quant_kernel
 
     # ---- build and rebuild (runs in the worker thread) -------------------------------------
     def _build(self, settings: EngineSettings) -> None:
@@ -72,23 +77,19 @@ class EngineHost(QObject):
         self.llm = None
         gc.unfreeze()
         try:
-            # A first compile of the CPU kernels (seconds) shows as such, then the build goes on.
-            said: list[str] = []
-
-            def announce(line: str) -> None:
-                said.append(line)
-                self.busy.emit(line)
-
-            prepare_cpu_kernels(settings.device, announce)
-            if said:
-                self.busy.emit(building)
-            llm = LLM(model=loaded, **kwargs)
+            # numba's CPU kernels where compiled (loaded from their cache in ~1 s), else torch's
+            # while the compile runs in the background.
+            kernel = self._kernels.kernel_for(settings.device)
+            if kernel == "auto":
+                prepare_cpu_kernels(settings.device, self.busy.emit)
+            llm = LLM(model=loaded, **{**kwargs, "cpu_quant_kernel": kernel})
         except Exception as e:
             message = describe_error(e)
             self.llm = None
             if previous[0] is not None:
                 try:
-                    self.llm = LLM(model=previous[0], **previous[2].llm_kwargs())
+                    kwargs = {**previous[2].llm_kwargs(), "cpu_quant_kernel": self._kernel}
+                    self.llm = LLM(model=previous[0], **kwargs)
                 except Exception as again:
                     message += (
                         f"\nRestoring the previous engine failed too: {describe_error(again)}"
@@ -98,7 +99,7 @@ class EngineHost(QObject):
             if self.llm is not None:
                 self.engine_ready.emit(EngineInfo.of(self.llm, previous[2]))
             return
-        self.llm = llm
+        self.llm, self._kernel = llm, kernel
         self._loaded, self._loaded_key, self._settings = loaded, settings.model, settings
         # Weights, tokenizer and engine live until the next rebuild. Freezing them keeps the
         # cyclic GC from rescanning them: a full collection took 300-400 ms here, and it holds
@@ -109,6 +110,15 @@ class EngineHost(QObject):
         self.busy.emit("")
         self.engine_ready.emit(EngineInfo.of(self.llm, settings))
         self._publish()
+        self._kernels.built(self.llm, settings.device)
+
+    def idle_for_rebuild(self) -> bool:
+        """Whether a rebuild now would interrupt nothing (EngineWorker adds its activities)."""
+        return self.llm is not None and not self.llm.engine.has_unfinished_requests()
+
+    def rebuild_for_kernels(self) -> None:
+        """The same settings again, on the CPU kernels compiled meanwhile (KernelSwitch)."""
+        self._build(self._settings)
 
     # ---- telemetry -----------------------------------------------------------------------
     @Slot()

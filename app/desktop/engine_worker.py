@@ -239,6 +239,11 @@ class EngineWorker(EngineHost):
         if self._step_timer is not None and not self._step_timer.isActive():
             self._wake()
 
+    def idle_for_rebuild(self) -> bool:
+        """No reply, server, recording or simulated users (a rebuild would stop them)."""
+        quiet = self._server is None and not self._recording_path and self._load is None
+        return quiet and not self._requests and super().idle_for_rebuild()
+
     def _abort_all(self) -> None:
         if self.llm is None:
             return

@@ -34,10 +34,14 @@ class EngineStatusBar(QStatusBar):
         self.warning_label = QLabel(objectName="poolWarning")
         self.warning_label.setStyleSheet(WARNING_STYLE)
         self.warning_label.setVisible(False)
+        # The CPU kernels' background compile and the switch to them (app/desktop/kernel_switch.py)
+        self.kernel_label = ElidedLabel(objectName="kernelState")
+        self.kernel_label.setVisible(False)
         self._engine_loaded = False
         self._replies = 0
         self._sequences = (0, 0)  # the engine's running, waiting (chats and simulated users)
         self.addWidget(self.state_label)
+        self.addWidget(self.kernel_label, 1)
         self.addPermanentWidget(self.warning_label)
         self.addPermanentWidget(self.pool_label)
         self.addPermanentWidget(self.model_label)
@@ -67,6 +71,12 @@ class EngineStatusBar(QStatusBar):
         self.busy_bar.setVisible(bool(text))
         if text:
             self.state_label.setText(text)
+
+    def show_kernels(self, line: str) -> None:
+        """The CPU kernels' compile or switch ("" hides it); the full line in the tooltip."""
+        self.kernel_label.setText(line)
+        self.kernel_label.setToolTip(line)
+        self.kernel_label.setVisible(bool(line))
 
     def show_state(self, engine_loaded: bool, replies_in_flight: int) -> None:
         self._engine_loaded, self._replies = engine_loaded, replies_in_flight
