@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidg
 from app.core.pool_fit import naive_warning
 from app.core.request_ids import group_of
 from app.desktop.blockmap.block_map import BlockMapView
+from app.desktop.blockmap.caption_label import CaptionLabel
 from app.desktop.blockmap.captions import paged_caption, selection_caption, shadow_caption
 from app.desktop.blockmap.glossary import explain
 from app.desktop.blockmap.legend import GroupLegend, StateKey
@@ -52,12 +53,8 @@ class _MapFrame(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(3)
-        self.caption = QLabel(placeholder)
-        self.caption.setTextFormat(Qt.TextFormat.RichText)
-        self.caption.setWordWrap(True)
+        self.caption = CaptionLabel(placeholder)  # as tall as its wrapped lines, 3 at least
         self.caption.setStyleSheet(CAPTION_STYLE)
-        self.caption.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
-        self.caption.setFixedHeight(3 * self.caption.fontMetrics().lineSpacing() + 4)
         self.caption.setToolTip(explain(*terms))
         self.map = BlockMapView()
         layout.addWidget(self.caption)
