@@ -127,7 +127,7 @@ def check_sentences(text: str, mc: ModelConfig, kv_dtype: str, budget_bytes: int
     else:  # several groups: the blocks one context takes, group by group
         assert block[3], "a hybrid model's block holds one group's layers"
         num_groups = int(block[5])
-        terms = re.search(r"a ([\d,]+)-token context holds (.*?) = ([\d,]+) blocks", text)
+        terms = re.search(r"an? ([\d,]+)-token context holds (.*?) = ([\d,]+) blocks", text)
         assert terms and _n(terms[1]) == context, text
         parts = re.findall(r"([\d,]+) × (\d+) (full-attention|sliding) groups?", terms[2])
         assert " + ".join(f"{a} × {b} {c} group" for a, b, c in parts) in terms[2].replace(

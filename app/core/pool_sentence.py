@@ -92,7 +92,8 @@ def pool_sentence(f: PoolFigures, budget: str) -> str:
                 f"{each:,} blocks each{slide})"
             )
         return (
-            f"{tokens}; every layer keeps a {window:,}-token window, so a {context}-token "
+            f"{tokens}; every layer keeps {_a(window)} {window:,}-token window, so "
+            f"{_a(f.context)} {context}-token "
             f"context holds {_window_blocks(window, f.block_size)}; the pool holds "
             f"{f.full_contexts:.1f} full contexts ({f.num_blocks:,} / {each:,})"
         )
@@ -109,7 +110,7 @@ def pool_sentence(f: PoolFigures, budget: str) -> str:
             else:
                 notes.append(f"the {window:,}-token window is no shorter than the context")
     return (
-        f"{head} tokens, each of one KV group; a {context}-token context holds "
+        f"{head} tokens, each of one KV group; {_a(f.context)} {context}-token context holds "
         f"{' + '.join(parts)} = {f.blocks_per_context:,} blocks ({'; '.join(notes)}), so the "
         f"pool holds {f.full_contexts:.1f} full contexts ({f.num_blocks:,} / "
         f"{f.blocks_per_context:,})"
@@ -124,3 +125,10 @@ def _window_blocks(window: int, block_size: int) -> str:
         f"⌈{window:,}/{block_size}⌉ + 1 = {each:,} blocks, one more for a window that starts "
         "mid-block"
     )
+
+
+def _a(n: int) -> str:
+    """The article before a number read aloud: "an 8-token window", "an 11,000", "a 512"."""
+    text = str(n)
+    eleven = text[:2] in ("11", "18") and len(text) % 3 == 2
+    return "an" if text.startswith("8") or eleven else "a"
