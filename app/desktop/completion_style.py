@@ -20,11 +20,10 @@ from engine.model.chat_templates import COMPLETION_STOP
 
 BASE_REPETITION_PENALTY = 1.1
 BASE_MODEL_NOTICE = (
-    "This looks like a base model: it continues text rather than answering (the file has no "
-    "chat template, and its name says nothing of instruct, chat or -it). Replies here use a "
-    "plain “User: … / Assistant:” transcript, stop at the next “User:” line and use repetition "
-    f"penalty {BASE_REPETITION_PENALTY} where the chat's is 1.0. For answers, choose an "
-    "instruct build of the model (-it, -Instruct, -Chat)."
+    "This looks like a base model: it continues text rather than answering. Replies use a "
+    "plain “User: / Assistant:” transcript, stop at the next “User:” line and use repetition "
+    f"penalty {BASE_REPETITION_PENALTY} where yours is 1.0. For answers, pick an instruct build "
+    "(-it, -Instruct, -Chat)."
 )
 
 
