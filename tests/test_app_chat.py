@@ -329,7 +329,9 @@ def test_regenerate_uses_the_system_prompt_and_replaces_the_reply(make_window, q
         window.chat.bubbles()[-1].regenerate.click()
     msgs = window.store.messages(cid)
     assert [m.role for m in msgs] == ["user", "assistant"]
-    assert msgs[1].created_at > first.created_at  # a new reply in place of the first
+    # The new reply is shown; the first is kept as its alternative (issue 29).
+    assert msgs[1].id == first.id and msgs[1].selected == 1
+    assert msgs[1].alternatives[0] == first.content and len(msgs[1].alternatives) == 2
     assert [args[1] for args in submitted] == ["You answer in French."] * 2
     assert submitted[0][0] != submitted[1][0]  # a fresh request id each time
     assert all(args[0].startswith(f"conv-{cid}/") for args in submitted)

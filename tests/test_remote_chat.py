@@ -220,7 +220,7 @@ def test_a_version_2_database_upgrades_and_keeps_a_chats_model(tmp_path):
     db.commit()
     db.close()
     store = ChatStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     [old] = store.conversations()
     assert (old.title, old.sampling, old.remote) == ("Old chat", {"temperature": 0.5}, None)
     target = RemoteTarget("box", "SmolLM2")

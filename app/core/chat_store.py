@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.core import reply_alternatives
+
 _MIGRATIONS = [
     """
     CREATE TABLE conversations (
@@ -44,6 +46,9 @@ _MIGRATIONS = [
     # serves. NULL (chats from before, and local chats): the embedded engine.
     "ALTER TABLE conversations ADD COLUMN remote_connection TEXT;"
     "ALTER TABLE conversations ADD COLUMN remote_model TEXT",
+    # Each alternative's own figures and status (app/core/reply_alternatives.py): Regenerate
+    # keeps the old reply as one. NULL (replies from before): the message's metrics.
+    "ALTER TABLE messages ADD COLUMN alternative_metrics TEXT",
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 STATUSES = ("complete", "stopped", "error")
@@ -93,6 +98,7 @@ class Message:
     selected: int = 0
     metrics: dict = field(default_factory=dict)  # ttft_s, tokens_per_s, prompt/cached tokens...
     created_at: float = 0.0
+    alternative_metrics: list[dict] = field(default_factory=list)  # one per alternative, or []
 
 
 class ChatStore:
@@ -131,6 +137,13 @@ class ChatStore:
 
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
+
+    def _touch(self, conversation_id: int, now: float | None = None) -> None:
+        """The chat was active now (the list sorts by it); inside a transaction."""
+        self._db.execute(
+            "UPDATE conversations SET updated_at = ? WHERE id = ?",
+            (time.time() if now is None else now, conversation_id),
+        )
 
     # ---- conversations -------------------------------------------------------------------
     def create_conversation(
@@ -254,9 +267,7 @@ class ChatStore:
                     now,
                 ),
             )
-            self._db.execute(
-                "UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id)
-            )
+            self._touch(conversation_id, now)
         return self.message(cur.lastrowid)
 
     def message(self, message_id: int) -> Message:
@@ -278,11 +289,40 @@ class ChatStore:
             raise ValueError(
                 f"alternative {index} out of range: the reply has {len(msg.alternatives)}"
             )
+        entries = msg.alternative_metrics
+        metrics = reply_alternatives.merged(entries, index) if entries else msg.metrics
+        status = reply_alternatives.status_of(entries, index, msg.status)
         with self._tx():
             self._db.execute(
-                "UPDATE messages SET selected = ?, content = ? WHERE id = ?",
-                (index, msg.alternatives[index], message_id),
+                "UPDATE messages SET selected = ?, content = ?, metrics = ?, status = ? "
+                "WHERE id = ?",
+                (index, msg.alternatives[index], json.dumps(metrics) or None, status, message_id),
             )
+        return self.message(message_id)
+
+    def add_alternatives(
+        self, message_id: int, texts: list[str], metrics: dict | None, status: str, shown: int = 0
+    ) -> Message:
+        """Regenerate's new reply (its n texts) joins the old reply's alternatives; its sample
+        `shown` is the one shown."""
+        msg = self.message(message_id)
+        if msg.role != "assistant" or not texts or status not in STATUSES:
+            raise ValueError(f"cannot add {len(texts)} {status!r} alternatives to {msg.role}")
+        kept, entries = reply_alternatives.kept_entries(
+            msg.alternatives, msg.content, msg.metrics, msg.status, msg.alternative_metrics
+        )
+        alternatives = kept + list(texts)
+        entries += reply_alternatives.entries_of(list(texts), metrics, status)
+        selected = len(kept) + min(max(shown, 0), len(texts) - 1)
+        with self._tx():
+            self._db.execute(
+                "UPDATE messages SET content = ?, status = ?, alternatives = ?, selected = ?, "
+                "metrics = ?, alternative_metrics = ? WHERE id = ?",
+                (alternatives[selected], status, json.dumps(alternatives), selected,
+                 json.dumps(reply_alternatives.merged(entries, selected)), json.dumps(entries),
+                 message_id),
+            )  # fmt: skip
+            self._touch(msg.conversation_id)
         return self.message(message_id)
 
     def truncate_from(self, message_id: int) -> None:
@@ -293,10 +333,7 @@ class ChatStore:
                 "DELETE FROM messages WHERE conversation_id = ? AND position >= ?",
                 (msg.conversation_id, msg.position),
             )
-            self._db.execute(
-                "UPDATE conversations SET updated_at = ? WHERE id = ?",
-                (time.time(), msg.conversation_id),
-            )
+            self._touch(msg.conversation_id)
 
     def edit_and_truncate(self, message_id: int, content: str) -> Message:
         """Replace a user message's text and drop everything after it, in one transaction."""
@@ -309,10 +346,7 @@ class ChatStore:
                 (msg.conversation_id, msg.position),
             )
             self._db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
-            self._db.execute(
-                "UPDATE conversations SET updated_at = ? WHERE id = ?",
-                (time.time(), msg.conversation_id),
-            )
+            self._touch(msg.conversation_id)
         return self.message(message_id)
 
 
@@ -352,6 +386,7 @@ def _message(row: sqlite3.Row) -> Message:
     d = dict(row)
     d["alternatives"] = json.loads(d["alternatives"]) if d["alternatives"] else []
     d["metrics"] = json.loads(d["metrics"]) if d["metrics"] else {}
+    d["alternative_metrics"] = json.loads(d["alternative_metrics"] or "[]")
     return Message(**d)
 
 

@@ -48,6 +48,7 @@ class PendingReply:
     selected: int = 0
     update: ReplyUpdate | None = None
     client: object = None  # who generates it: the engine's client or a RemoteChatClient
+    replaces: int | None = None  # Regenerate: the reply it joins as an alternative (hidden now)
 
 
 class ChatController(CompletionStyle, QObject):
@@ -154,7 +155,7 @@ class ChatController(CompletionStyle, QObject):
         self.chat.flush_system_prompt()  # before reading the chat back, or the box goes stale
         cid = self.current_id
         conv = self.store.conversation(cid) if cid is not None else None
-        self.chat.set_conversation(conv, self.store.messages(cid) if conv else [])
+        self.chat.set_conversation(conv, self._messages(cid) if conv else [])
         self.chat.sampling.set_settings(self.sampling_of(conv))
         if conv is not None:
             self.chat.backend_picker.set_current(conv.remote)
@@ -257,11 +258,13 @@ class ChatController(CompletionStyle, QObject):
         if cid is None or cid in self.pending:
             return
         messages = self.store.messages(cid)
-        if not messages:
-            return
-        if messages[-1].role == "assistant":
-            self.store.truncate_from(messages[-1].id)
-        self._start_reply(cid)
+        if messages:  # the old reply stays, hidden, and becomes an alternative of the new one
+            self._start_reply(cid, messages[-1].id if messages[-1].role == "assistant" else None)
+
+    def _messages(self, cid: int) -> list:
+        """The chat's messages less a reply being regenerated: it is not in the context."""
+        replaced = getattr(self.pending.get(cid), "replaces", None)
+        return [m for m in self.store.messages(cid) if m.id != replaced]
 
     def stop(self, conversation_id: int) -> None:
         pending = self.pending.get(conversation_id)
@@ -276,13 +279,13 @@ class ChatController(CompletionStyle, QObject):
         pending = self.pending.get(conversation_id)
         return pending.request_id if pending else None
 
-    def _start_reply(self, cid: int) -> None:
+    def _start_reply(self, cid: int, replaces: int | None = None) -> None:
         self.chat.flush_system_prompt()  # an edit typed just before Send goes with this reply
         conv = self.store.conversation(cid)
-        turns = [{"role": m.role, "content": m.content} for m in self.store.messages(cid)]
         request_id = conversation_request_id(cid, next(self._ids))
         backend = self.backends.for_chat(conv)
-        self.pending[cid] = PendingReply(request_id, cid, client=backend)
+        self.pending[cid] = PendingReply(request_id, cid, client=backend, replaces=replaces)
+        turns = [{"role": m.role, "content": m.content} for m in self._messages(cid)]
         self._by_request[request_id] = cid
         params = self.reply_params(conv, backend)  # completion-style on a base model
         if not isinstance(backend, str):
@@ -319,15 +322,7 @@ class ChatController(CompletionStyle, QObject):
         status = "stopped" if stopped else "complete"
         texts = pending.texts or [""]
         try:
-            message = self.store.add_message(
-                pending.conversation_id,
-                "assistant",
-                texts[pending.selected],
-                status=status,
-                alternatives=texts if len(texts) > 1 else None,
-                selected=pending.selected,
-                metrics=update.metrics() if update else None,
-            )
+            message = self._store_reply(pending, status)
         except (sqlite3.Error, OSError) as e:
             # Not stored, so not shown as stored: the chat leaves "generating" (Stop and Send
             # work again) and the text is handed to the user in the error.
@@ -342,6 +337,17 @@ class ChatController(CompletionStyle, QObject):
             self.chat.finish_pending(message)
         self._forget(pending, redraw=False)
         self.reply_finished.emit(pending.conversation_id, status)
+
+    def _store_reply(self, pending: PendingReply, status: str):
+        """A new message, or Regenerate's reply added to the old one's alternatives."""
+        texts, metrics = pending.texts or [""], pending.update.metrics() if pending.update else None
+        if pending.replaces is not None:
+            return self.store.add_alternatives(
+                pending.replaces, texts, metrics, status, pending.selected
+            )
+        alternatives = texts if len(texts) > 1 else None
+        return self.store.add_message(pending.conversation_id, "assistant", texts[pending.selected],
+                                      status, alternatives, pending.selected, metrics)  # fmt: skip
 
     def _on_request_failed(self, request_id: str, message: str) -> None:
         cid = self._by_request.get(request_id)
@@ -381,15 +387,7 @@ class ChatController(CompletionStyle, QObject):
         """On close: replies in flight are kept as far as they got, marked stopped."""
         for pending in list(self.pending.values()):
             if pending.update is not None:
-                self.store.add_message(
-                    pending.conversation_id,
-                    "assistant",
-                    pending.texts[pending.selected] if pending.texts else "",
-                    status="stopped",
-                    alternatives=pending.texts if len(pending.texts) > 1 else None,
-                    selected=pending.selected,
-                    metrics=pending.update.metrics(),
-                )
+                self._store_reply(pending, "stopped")
         self.pending.clear()
         self._by_request.clear()
         self.backends.shutdown()  # remote streams close: their servers abort them
