@@ -1,14 +1,17 @@
 """The app's light and dark stylesheets, and which one applies: the user's choice (View menu)
 or, for "system", the platform's colour scheme, followed live when it changes (Qt 6.5+).
+What the style sheets cannot colour (plots, the block map, code) follows `changed` through
+app/desktop/palette.py.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QObject, Qt
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication
 
 from app.core.paths import ASSETS_DIR
+from app.desktop.palette import set_current
 
 STYLESHEETS = {"dark": "style.qss", "light": "style_light.qss"}
 KEEPER_NAME = "themeKeeper"
@@ -30,6 +33,8 @@ class ThemeKeeper(QObject):
     """Applies a theme choice to the application and re-applies "system" when the platform's
     scheme changes. One per application (theme_keeper()): the stylesheet is the app's."""
 
+    changed = Signal(object)  # the Palette now shown, after a change of light or dark
+
     def __init__(self, parent: QObject) -> None:
         super().__init__(parent, objectName=KEEPER_NAME)
         self.choice = "system"
@@ -39,11 +44,14 @@ class ThemeKeeper(QObject):
     def apply(self, choice: str) -> str:
         """Use `choice` (one of THEMES); returns the theme now shown, "light" or "dark"."""
         self.choice = choice
-        self.shown = resolve_theme(choice, system_scheme())
+        before, self.shown = self.shown, resolve_theme(choice, system_scheme())
+        palette = set_current(self.shown)
         sheet = (ASSETS_DIR / STYLESHEETS[self.shown]).read_text()
         app = QApplication.instance()
         if app.styleSheet() != sheet:  # re-polishing every widget is not free
             app.setStyleSheet(sheet)
+        if self.shown != before:
+            self.changed.emit(palette)
         return self.shown
 
     def _scheme_changed(self, _scheme: Qt.ColorScheme) -> None:

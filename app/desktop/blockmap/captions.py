@@ -11,6 +11,7 @@ import numpy as np
 from app.desktop.blockmap import colors
 from app.desktop.blockmap.kv_groups import groups_text
 from app.desktop.blockmap.metrics_strip import held_share, useful_share
+from app.desktop.palette import current
 from engine.kv.snapshot import BlockState, KVSnapshot
 
 
@@ -43,7 +44,7 @@ def paged_caption(s: KVSnapshot) -> str:
     name = "Paged pool" if s.allocator == "paged" else "Contiguous pool (engine)"
     groups = groups_text(s)
     return (
-        f"<b style='color:{colors.PAGED_HEX}'>{name}</b> · {s.num_blocks:,} blocks ×"
+        f"<b style='color:{colors.active().paged_hex}'>{name}</b> · {s.num_blocks:,} blocks ×"
         f" {s.block_size} slots · held {_pct(held_share(m))} · useful"
         f" {_pct(useful_share(m))} · {m.blocks_shared:,} shared · {m.blocks_cached:,} cached"
         f" · {m.num_waiting} waiting" + (f"<br>{groups}" if groups else "")
@@ -56,16 +57,18 @@ def selection_caption(s: KVSnapshot, seq_ids: set[int], name: str) -> str:
     blocks = {b for t in tables for b in t}
     shared = sum(int(s.ref_count[b]) > 1 for b in blocks)
     seqs = f"{len(tables)} sequences" if len(tables) != 1 else "1 sequence"
+    palette = current()
     return (
-        f"<br><span style='color:#E8EAED'>Selected <b>{name}</b>: {seqs}, {len(blocks)} blocks"
-        f" ({shared} shared)</span> <span style='color:#7A8290'>· click it again to clear</span>"
+        f"<br><span style='color:{palette.strong}'>Selected <b>{name}</b>: {seqs},"
+        f" {len(blocks)} blocks ({shared} shared)</span>"
+        f" <span style='color:{palette.faint}'>· click it again to clear</span>"
     )
 
 
 def shadow_caption(s: KVSnapshot) -> str:
     m = s.metrics
     return (
-        f"<b style='color:{colors.NAIVE_HEX}'>Naive contiguous</b>, same traffic ·"
+        f"<b style='color:{colors.active().naive_hex}'>Naive contiguous</b>, same traffic ·"
         f" held {_pct(held_share(m))} · useful {_pct(useful_share(m))} ·"
         f" {m.blocks_reserved:,} reserved empty · <b>{m.num_waiting} waiting</b>"
         f" ({m.num_would_wait} run in paged) · {_holes_text(s)}"

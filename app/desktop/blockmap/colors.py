@@ -4,13 +4,19 @@ Every request of a group (app/core/request_ids.py: "conv-12" of "conv-12/r3", "l
 "load-3/7") gets the group's colour, chosen by a stable hash (crc32, not Python's salted
 hash()) so it is the same in every run. Colours are packed RGBA uint32 (little-endian, so the
 bytes read R, G, B, A), which lets the map gather a whole pixel in one integer.
+
+Each theme has its own set (`MapColors`, `active()` for the theme on show): on the light ground
+the palette's hues are darkened until they stand out from the ground (3:1, WCAG's figure for
+graphics), free and cached cells are greys of the light ground, and a shared block's ring is
+drawn toward ink rather than toward white. The module's constants are the dark set's.
 """
 
 from __future__ import annotations
 
 import re
 import zlib
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -86,6 +92,75 @@ UNKNOWN = int(pack(hex_to_rgba(UNKNOWN_HEX)))
 WHITE = int(pack((255, 255, 255, 255)))
 
 
+def luminance(color: str) -> float:
+    """WCAG relative luminance of a #RRGGBB colour."""
+    channels = [v / 255 for v in hex_to_rgba(color)[:3]]
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG contrast ratio of two colours, 1 to 21."""
+    la, lb = sorted((luminance(a), luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+def darkened_to(color: str, ground: str, ratio: float) -> str:
+    """`color` scaled toward black (its hue kept) until it stands `ratio` from `ground`."""
+    r, g, b, _a = hex_to_rgba(color)
+    out, scale = color.upper(), 1.0
+    while contrast(out, ground) < ratio and scale > 0:
+        scale -= 0.02
+        out = "#{:02X}{:02X}{:02X}".format(*(round(c * scale) for c in (r, g, b)))
+    return out
+
+
+@dataclass(frozen=True)
+class MapColors:
+    """One theme's map colours (hex), and their packed forms for the rasterizer."""
+
+    name: str
+    palette_hex: tuple[str, ...]
+    background_hex: str  # the map's ground and the gaps between cells
+    free_hex: str
+    cached_hex: str
+    unknown_hex: str
+    ring_hex: str  # a shared block's ring: the owner's colour moved toward this
+    paged_hex: str
+    naive_hex: str
+    good_hex: str  # running, prefix hits
+    bad_hex: str  # preempted
+    neutral_hex: str  # memory used
+
+    @cached_property
+    def palette(self) -> np.ndarray:
+        return pack(np.array([hex_to_rgba(h) for h in self.palette_hex], dtype=np.uint8))
+
+    def packed(self, color: str) -> int:
+        return int(pack(hex_to_rgba(color)))
+
+
+DARK_MAP = MapColors(
+    "dark", PALETTE_HEX, BACKGROUND_HEX, FREE_HEX, CACHED_HEX, UNKNOWN_HEX, "#FFFFFF",
+    PAGED_HEX, NAIVE_HEX, "#2BB673", "#E8354F", "#A9B0BD",
+)  # fmt: skip
+LIGHT_BACKGROUND_HEX = "#FFFFFF"
+LIGHT_MAP = MapColors(
+    "light",
+    tuple(darkened_to(h, LIGHT_BACKGROUND_HEX, 3.0) for h in PALETTE_HEX),
+    LIGHT_BACKGROUND_HEX, "#E3E6EB", "#7F8898", "#6A6A6A", "#1F2430",
+    "#1F6FB2", "#B86A00", "#1E8A5A", "#C62839", "#6B7382",
+)  # fmt: skip
+MAP_COLORS = {"dark": DARK_MAP, "light": LIGHT_MAP}
+
+
+def active() -> MapColors:
+    """The map colours of the theme on show (app/desktop/palette.py)."""
+    from app.desktop.palette import current
+
+    return MAP_COLORS[current().name]
+
+
 def group_color_index(group: str) -> int:
     """Stable palette index of a group. Numbered groups ("load-3") offset a hash of their stem
     by their number, so up to len(PALETTE) consecutive users or chats never share a colour."""
@@ -96,14 +171,18 @@ def group_color_index(group: str) -> int:
     return zlib.crc32(group.encode()) % len(PALETTE)
 
 
-@lru_cache(maxsize=4096)
 def group_color(group: str) -> int:
-    """Packed RGBA colour of a group."""
-    return int(PALETTE[group_color_index(group)])
+    """Packed RGBA colour of a group, in the theme on show."""
+    return _group_color(group, active().name)
+
+
+@lru_cache(maxsize=4096)
+def _group_color(group: str, theme: str) -> int:
+    return int(MAP_COLORS[theme].palette[group_color_index(group)])
 
 
 def group_hex(group: str) -> str:
-    return PALETTE_HEX[group_color_index(group)]
+    return active().palette_hex[group_color_index(group)]
 
 
 def css(packed: int) -> str:

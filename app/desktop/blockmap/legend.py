@@ -27,15 +27,19 @@ from PySide6.QtWidgets import (
 
 from app.desktop.blockmap import colors, raster
 from app.desktop.blockmap.glossary import TERMS
+from app.desktop.palette import Palette, follow_theme
 from engine.kv.snapshot import BlockState, KVSnapshot, PoolMetrics, SequenceInfo
 
-LIST_STYLE = (
-    "QListWidget { background: transparent; border: none; color: #D5D9E0; }"
-    " QListWidget::item { border: 1px solid #2C313B; border-radius: 4px; padding: 2px 6px;"
-    " margin: 2px; background: #1D2027; }"
-    " QListWidget::item:selected { border: 1px solid #E8EAED; background: #2A2F39; }"
-    " QListWidget::item:hover { background: #262A33; }"
-)
+
+def list_style(p: Palette) -> str:
+    return (
+        f"QListWidget {{ background: transparent; border: none; color: {p.text}; }}"
+        f" QListWidget::item {{ border: 1px solid {p.border}; border-radius: 4px;"
+        f" padding: 2px 6px; margin: 2px; background: {p.surface}; }}"
+        f" QListWidget::item:selected {{ border: 1px solid {p.selected_border};"
+        f" background: {p.selected}; color: {p.strong}; }}"
+        f" QListWidget::item:hover {{ background: {p.hover}; }}"
+    )
 
 
 def _swatch(color_hex: str, size: int = 12) -> QIcon:
@@ -66,7 +70,6 @@ class GroupLegend(QListWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.setStyleSheet(LIST_STYLE)
         self.setFlow(QListView.Flow.LeftToRight)
         self.setWrapping(True)
         self.setResizeMode(QListView.ResizeMode.Adjust)
@@ -80,6 +83,13 @@ class GroupLegend(QListWidget):
         self._shown: list[tuple[str, str]] = []
         self._rows = 1
         self._fit_rows()
+        follow_theme(self, self._restyle)
+
+    def _restyle(self, palette: Palette) -> None:
+        self.setStyleSheet(list_style(palette))
+        for i in range(self.count()):  # each group's colour is the theme's
+            item = self.item(i)
+            item.setIcon(_swatch(colors.group_hex(item.data(Qt.UserRole))))
 
     def set_groups(self, entries: list[tuple[str, str]], selected: str | None) -> None:
         """entries: (group key, text) in display order; only changed chips are touched."""
@@ -150,7 +160,7 @@ KEY_ITEMS = (
     ("cached", "cached (free, reusable prefix)"),
     ("full", "in use (request group's colour)"),
     ("partial", "filling (bar = slots written)"),
-    ("shared", "shared: ring, brighter = more"),
+    ("shared", "shared: ring, stronger = more"),
     ("reserved", "reserved, empty (naive)"),
 )
 
@@ -195,17 +205,17 @@ class StateKey(QWidget):
         self._grid.setContentsMargins(4, 0, 4, 0)
         self._grid.setHorizontalSpacing(14)
         self._grid.setVerticalSpacing(3)
-        pixmaps = key_pixmaps()
         self.entries: list[QWidget] = []
+        self.swatches: dict[str, QLabel] = {}
+        self.words: list[QLabel] = []
         for name, text in KEY_ITEMS:
             entry = QWidget()
             row = QHBoxLayout(entry)
             row.setContentsMargins(0, 0, 0, 0)
             row.setSpacing(6)
-            swatch = QLabel()
-            swatch.setPixmap(pixmaps[name])
+            swatch = self.swatches[name] = QLabel()
             words = QLabel(text)
-            words.setStyleSheet("color: #A9B0BD; font-size: 11px;")
+            self.words.append(words)
             if name in TERMS:
                 swatch.setToolTip(f"<p>{TERMS[name]}</p>")
                 words.setToolTip(f"<p>{TERMS[name]}</p>")
@@ -214,6 +224,15 @@ class StateKey(QWidget):
             self.entries.append(entry)
         self.columns = 0
         self._arrange(2)
+        follow_theme(self, self._restyle)
+
+    def _restyle(self, palette: Palette) -> None:
+        """Swatches drawn again in the theme's map colours; the words in its detail colour."""
+        pixmaps = key_pixmaps()
+        for name, swatch in self.swatches.items():
+            swatch.setPixmap(pixmaps[name])
+        for words in self.words:
+            words.setStyleSheet(f"color: {palette.detail}; font-size: 11px;")
 
     def _columns_for(self, width: int) -> int:
         entry = max(e.sizeHint().width() for e in self.entries)

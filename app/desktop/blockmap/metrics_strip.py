@@ -11,15 +11,22 @@ from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLay
 from app.desktop.blockmap import colors
 from app.desktop.blockmap.glossary import explain
 from app.desktop.blockmap.traffic import Memory
+from app.desktop.palette import DARK, Palette, current, follow_theme
 from engine.kv.snapshot import KVSnapshot, PoolMetrics
 
-TILE_STYLE = (
-    "QFrame#tile { background: #1D2027; border: 1px solid #2C313B; border-radius: 5px; }"
-    " QLabel { background: transparent; border: none; }"
-    " QLabel#caption { color: #8C94A3; font-size: 10px; font-weight: bold; }"
-    " QLabel#value { color: #E8EAED; font-size: 16px; font-weight: bold; }"
-    " QLabel#detail { color: #A9B0BD; font-size: 10px; }"
-)
+
+def tile_style(p: Palette) -> str:
+    return (
+        f"QFrame#tile {{ background: {p.surface}; border: 1px solid {p.border};"
+        " border-radius: 5px; }"
+        " QLabel { background: transparent; border: none; }"
+        f" QLabel#caption {{ color: {p.muted}; font-size: 10px; font-weight: bold; }}"
+        f" QLabel#value {{ color: {p.strong}; font-size: 16px; font-weight: bold; }}"
+        f" QLabel#detail {{ color: {p.detail}; font-size: 10px; }}"
+    )
+
+
+TILE_STYLE = tile_style(DARK)  # the dark theme's
 TILES = (
     (
         "held",
@@ -67,10 +74,11 @@ def _count(n: int) -> str:
 
 def versus(paged: str, naive: str | None) -> str:
     """Rich text: the paged value, then the naive one in their series colours."""
-    text = f"<span style='color:{colors.PAGED_HEX}'>{paged}</span>"
+    theme = colors.active()
+    text = f"<span style='color:{theme.paged_hex}'>{paged}</span>"
     if naive is not None:
-        text += " <span style='color:#6C7480; font-size:11px'>vs</span> "
-        text += f"<span style='color:{colors.NAIVE_HEX}'>{naive}</span>"
+        text += f" <span style='color:{current().faint}; font-size:11px'>vs</span> "
+        text += f"<span style='color:{theme.naive_hex}'>{naive}</span>"
     return text
 
 
@@ -95,7 +103,6 @@ class _Tile(QFrame):
 class MetricsStrip(QWidget):
     def __init__(self, parent: QWidget | None = None, columns: int = 3) -> None:
         super().__init__(parent)
-        self.setStyleSheet(TILE_STYLE)
         layout = QGridLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(6)
@@ -105,6 +112,7 @@ class MetricsStrip(QWidget):
             layout.addWidget(self.tiles[key], i // columns, i % columns)
         for c in range(columns):
             layout.setColumnStretch(c, 1)
+        follow_theme(self, lambda palette: self.setStyleSheet(tile_style(palette)))
 
     def update_view(
         self,

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidg
 
 from app.core.pool_fit import naive_warning
 from app.core.request_ids import group_of
+from app.desktop.blockmap import colors
 from app.desktop.blockmap.block_map import BlockMapView
 from app.desktop.blockmap.caption_label import CaptionLabel
 from app.desktop.blockmap.captions import paged_caption, selection_caption, shadow_caption
@@ -27,21 +28,39 @@ from app.desktop.blockmap.metrics_strip import MetricsStrip, held_share, useful_
 from app.desktop.blockmap.time_plots import TimePlots
 from app.desktop.blockmap.tooltip import describe_block
 from app.desktop.blockmap.traffic import TrafficCounter, read_memory
+from app.desktop.palette import DARK, Palette, current, follow_theme
 from engine.kv.snapshot import BlockState, KVSnapshot, SequenceInfo
 
-PANEL_STYLE = (
-    "#blockMapPanel { background: #101216; }"
-    " QLabel { color: #C9CED6; }"
-    " QSplitter::handle { background: #22262E; }"
-    " QScrollBar:vertical { background: #1A1D23; width: 8px; margin: 0; }"
-    " QScrollBar::handle:vertical { background: #3A404C; border-radius: 4px; min-height: 16px; }"
-    " QScrollBar::add-line:vertical, QScrollBar::sub-line:vertical { height: 0; }"
-)
-CAPTION_STYLE = "color: #C9CED6; font-size: 11px;"
-BANNER_STYLE = (
-    "background: #3A2E12; color: #F2D49B; border: 1px solid #7A5A1E; border-radius: 4px;"
-    " padding: 4px 8px; font-size: 11px;"
-)
+
+def panel_style(p: Palette) -> str:
+    """The panel's own sheet (it wins over the application's), in a theme's colours."""
+    return (
+        f"#blockMapPanel {{ background: {p.ground}; }}"
+        f" QLabel {{ color: {p.text}; }}"
+        f" QSplitter::handle {{ background: {p.handle}; }}"
+        f" QScrollBar:vertical {{ background: {p.scroll}; width: 8px; margin: 0; }}"
+        f" QScrollBar::handle:vertical {{ background: {p.scroll_handle}; border-radius: 4px;"
+        " min-height: 16px; }"
+        " QScrollBar::add-line:vertical, QScrollBar::sub-line:vertical { height: 0; }"
+    )
+
+
+def caption_style(p: Palette) -> str:
+    return f"color: {p.text}; font-size: 11px;"
+
+
+def banner_style(p: Palette) -> str:
+    background, text, border = p.banner
+    return (
+        f"background: {background}; color: {text}; border: 1px solid {border};"
+        " border-radius: 4px; padding: 4px 8px; font-size: 11px;"
+    )
+
+
+# The dark theme's, for the replay window (app/desktop/replay_view.py), which stays dark.
+PANEL_STYLE = panel_style(DARK)
+CAPTION_STYLE = caption_style(DARK)
+BANNER_STYLE = banner_style(DARK)
 INFO_RETRY_S = 0.5  # re-ask for a hovered block's tokens at most this often while it changes
 
 
@@ -54,7 +73,6 @@ class _MapFrame(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(3)
         self.caption = CaptionLabel(placeholder)  # as tall as its wrapped lines, 3 at least
-        self.caption.setStyleSheet(CAPTION_STYLE)
         self.caption.setToolTip(explain(*terms))
         self.map = BlockMapView()
         layout.addWidget(self.caption)
@@ -69,7 +87,6 @@ class BlockMapPanel(QWidget):
         super().__init__(parent)
         self.setObjectName("blockMapPanel")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        self.setStyleSheet(PANEL_STYLE)
         self._clock = clock
         self.paged: KVSnapshot | None = None
         self.shadow: KVSnapshot | None = None
@@ -91,7 +108,6 @@ class BlockMapPanel(QWidget):
             ("same traffic", "held", "useful slots", "reserved", "holes"),
         )
         self.banner = QLabel(objectName="naiveWarning", wordWrap=True)
-        self.banner.setStyleSheet(BANNER_STYLE)
         self.banner.setVisible(False)
         self.paged_map = self.paged_frame.map
         self.shadow_map = self.shadow_frame.map
@@ -128,6 +144,17 @@ class BlockMapPanel(QWidget):
             view.block_clicked.connect(lambda block, v=view: self._on_block_clicked(v, block))
             view.block_hovered.connect(lambda block, v=view: self._on_block_hovered(v, block))
         self.legend.group_clicked.connect(self._on_group_clicked)
+        follow_theme(self, self._restyle)
+
+    def _restyle(self, palette: Palette) -> None:
+        """A theme's colours: the sheets, the maps' ground, the maps drawn again."""
+        self.setStyleSheet(panel_style(palette))
+        self.banner.setStyleSheet(banner_style(palette))
+        for frame in (self.paged_frame, self.shadow_frame):
+            frame.caption.setStyleSheet(caption_style(palette))
+            frame.map.setBackground(colors.active().background_hex)
+        if self.paged is not None:
+            self._draw_maps()
 
     # ---- the window's API ------------------------------------------------------------------
     def update_view(
@@ -264,7 +291,7 @@ class BlockMapPanel(QWidget):
             return
         text = paged_caption(self.paged)
         if self.shadow is None:
-            text += " · <span style='color:#7A8290'>naive allocator view off</span>"
+            text += f" · <span style='color:{current().faint}'>naive allocator view off</span>"
         if self._selection is not None:
             kind, value = self._selection
             name = value if kind == "group" else value[0] + (f" #{value[1]}" if value[1] else "")

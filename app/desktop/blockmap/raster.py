@@ -5,7 +5,8 @@ with a one-pixel gap. A cell is a pixel pattern over a few colours:
 - a used block fills left to right in its owner's group colour as its slots fill (the rest is a
   dark shade of the same colour: held but empty);
 - a reserved block (contiguous allocator, nothing written yet) is hatched in its owner's colour;
-- a shared block (ref count > 1) gets a light ring, brighter the more sequences share it;
+- a shared block (ref count > 1) gets a ring toward white (toward ink on the light map),
+  stronger the more sequences share it;
 - a free block is flat dark grey; a cached one (free, keeping a hashed prefix) is a free cell
   with a grey core: free space that still holds something.
 When a sequence is selected every other block is dimmed toward the background.
@@ -28,7 +29,8 @@ MAX_CELL_PX = 24
 SHADE = 0.72  # the empty part of a held block: its colour moved this far toward the background
 RESERVED_STRIPE = 0.25  # reserved stripes: the owner colour moved this far toward the background
 DIM = 0.8  # blocks outside the selection move this far toward the background
-# Ring colour by ref count 2, 3, 4+: the owner colour moved this far toward white.
+# Ring colour by ref count 2, 3, 4+: the owner colour moved this far toward the theme's ring
+# colour (white on the dark map, ink on the light one).
 RING_WHITENESS = (0.55, 0.8, 1.0)
 
 
@@ -136,13 +138,15 @@ _KIND_OF_STATE[BlockState.RESERVED] = 2
 _KIND_OF_STATE[BlockState.CACHED] = 3
 
 
-def _color_table(base: np.ndarray, dimmed_half: bool) -> np.ndarray:
+def _color_table(base: np.ndarray, dimmed_half: bool, theme: colors.MapColors) -> np.ndarray:
     """Colour sets [dim, kind, share level, row, code] for per-row base colours; the dimmed
-    half (dim = 1) only when there is a selection."""
-    back = np.full_like(base, colors.BACKGROUND)
-    white = np.full_like(base, colors.WHITE)
+    half (dim = 1) only when there is a selection. Rings move toward the theme's ring colour
+    (white on the dark map, ink on the light one)."""
+    background = theme.packed(theme.background_hex)
+    back = np.full_like(base, background)
+    white = np.full_like(base, theme.packed(theme.ring_hex))
     shade = colors.mix(base, back, SHADE)
-    free = np.full_like(base, colors.FREE)
+    free = np.full_like(base, theme.packed(theme.free_hex))
     fg = np.stack([base, base, colors.mix(base, back, RESERVED_STRIPE), base])  # [kind, row]
     bg = np.stack([base, shade, shade, free])
     mid = colors.mix(fg, bg, 0.5)
@@ -157,8 +161,8 @@ def _color_table(base: np.ndarray, dimmed_half: bool) -> np.ndarray:
     )  # codes BG, FG, RING, LIT, MID, GAP
     if not dimmed_half:
         return table[None]
-    dimmed = colors.mix(table, np.full_like(table, colors.BACKGROUND), DIM)
-    dimmed[..., GAP] = colors.BACKGROUND
+    dimmed = colors.mix(table, np.full_like(table, background), DIM)
+    dimmed[..., GAP] = background
     return np.stack([table, dimmed])
 
 
@@ -166,8 +170,10 @@ def cell_style(snapshot: KVSnapshot, selected: Collection[int] = ()) -> CellStyl
     """Per-block colour-set keys with numpy only; the per-sequence colour work is tiny."""
     seqs = sorted(snapshot.sequences, key=lambda s: s.seq_id)
     ids = np.array([s.seq_id for s in seqs], dtype=np.int64)
+    theme = colors.active()
     group_colors = [colors.group_color(group_of(s.request_id)) for s in seqs]
-    flat_rows = [colors.UNKNOWN, colors.FREE, colors.CACHED, colors.BACKGROUND]
+    flat = (theme.unknown_hex, theme.free_hex, theme.cached_hex, theme.background_hex)
+    flat_rows = [theme.packed(h) for h in flat]
     base = np.array([*group_colors, *flat_rows], dtype=np.uint32)
     unknown, free, cached = len(seqs), len(seqs) + 1, len(seqs) + 2
     num_rows = len(base)
@@ -190,7 +196,7 @@ def cell_style(snapshot: KVSnapshot, selected: Collection[int] = ()) -> CellStyl
     shape = (_VARIANT_OF_KIND[kind] * (bs + 1) + filled) * 2 + shared
     return CellStyle(
         key=key.astype(np.int32),
-        table=_color_table(base, dimmed_half=bool(len(selected))).reshape(-1, 6),
+        table=_color_table(base, bool(len(selected)), theme).reshape(-1, 6),
         blank_key=num_rows - 1,
         shape=shape.astype(np.int32),
         block_size=bs,

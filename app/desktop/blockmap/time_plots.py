@@ -11,24 +11,26 @@ from PySide6.QtWidgets import QWidget
 
 from app.desktop.blockmap import colors
 from app.desktop.blockmap.plot_title import style_rolling_plot
+from app.desktop.palette import Palette, current, follow_theme
 
 WINDOW_S = 120.0
 REDRAW_S = 0.5  # samples come ~10 times a second; a two-minute plot needs far fewer redraws
 CAPACITY = 4096  # samples kept (about 6 minutes at 10 Hz); trimmed by time when drawing
-GREEN, RED, GREY = "#2BB673", "#E8354F", "#A9B0BD"
 DASH = Qt.PenStyle.DashLine
+PAGED, NAIVE, GREEN, RED, GREY = "paged", "naive", "good", "bad", "neutral"  # colour roles
 
 # (title, y unit, fixed y range or the least top of a range from 0, [(series key, legend name,
-# colour, pen style)]). Free ranges start at 0 too: autoscaling to the data's own span made a
-# 0.0001 GiB wobble in memory look like a jump.
+# colour role (colors.MapColors: its <role>_hex in the theme on show), pen style)]). Free ranges
+# start at 0 too: autoscaling to the data's own span made a 0.0001 GiB wobble in memory look
+# like a jump.
 PLOTS = (
     (
         "KV held",
         "%",
         (0, 100),
         [
-            ("paged_held", "paged", colors.PAGED_HEX, None),
-            ("naive_held", "naive", colors.NAIVE_HEX, None),
+            ("paged_held", "paged", PAGED, None),
+            ("naive_held", "naive", NAIVE, None),
         ],
     ),
     (
@@ -36,8 +38,8 @@ PLOTS = (
         "%",
         (0, 100),
         [
-            ("paged_useful", "paged", colors.PAGED_HEX, None),
-            ("naive_useful", "naive", colors.NAIVE_HEX, None),
+            ("paged_useful", "paged", PAGED, None),
+            ("naive_useful", "naive", NAIVE, None),
         ],
     ),
     (
@@ -46,37 +48,49 @@ PLOTS = (
         4.0,
         [
             ("running", "run", GREEN, None),
-            ("waiting", "wait", colors.PAGED_HEX, None),
+            ("waiting", "wait", PAGED, None),
             ("preempted", "preempt", RED, None),
-            ("naive_waiting", "naive wait", colors.NAIVE_HEX, DASH),
+            ("naive_waiting", "naive wait", NAIVE, DASH),
         ],
     ),
-    ("Tokens / s", "", 10.0, [("tokens_per_s", "generated", colors.PAGED_HEX, None)]),
+    ("Tokens / s", "", 10.0, [("tokens_per_s", "generated", PAGED, None)]),
     ("Prefix hit rate (10 s)", "%", (0, 100), [("prefix_hit", "hits", GREEN, None)]),
     (
         "Memory",
         "GiB",
         0.5,
-        [("mem_used", "used", GREY, None), ("mem_process", "this process", colors.PAGED_HEX, None)],
+        [("mem_used", "used", GREY, None), ("mem_process", "this process", PAGED, None)],
     ),
 )
 SERIES = tuple(key for _t, _u, _r, series in PLOTS for key, *_ in series)
 HEADROOM = 1.15  # a free range's top above its largest value
 
 
-def _title(title: str, unit: str, series: list) -> str:
+def role_hex(role: str) -> str:
+    """A series colour role in the theme on show."""
+    return getattr(colors.active(), f"{role}_hex")
+
+
+def _title(title: str, unit: str, series: list, palette: Palette) -> str:
     # Sizes inside the spans: LabelItem's own size attribute does not reach styled spans.
     names = " ".join(
-        f"<span style='color:{c}; font-size:7pt'>■ {name}</span>" for _k, name, c, _s in series
+        f"<span style='color:{role_hex(role)}; font-size:7pt'>■ {name}</span>"
+        for _k, name, role, _s in series
     )
     unit = f" ({unit})" if unit else ""
-    return f"<span style='color:#C9CED6; font-size:8pt'>{title}{unit}</span>&nbsp;{names}"
+    return f"<span style='color:{palette.text}; font-size:8pt'>{title}{unit}</span>&nbsp;{names}"
+
+
+def restyle_plot(plot: pg.PlotItem, palette: Palette) -> None:
+    """Axis lines and tick labels in a theme's colours."""
+    for axis in ("left", "bottom"):
+        plot.getAxis(axis).setTextPen(palette.axis_text)
+        plot.getAxis(axis).setPen(palette.axis)
 
 
 class TimePlots(pg.GraphicsLayoutWidget):
     def __init__(self, parent: QWidget | None = None, columns: int = 3) -> None:
         super().__init__(parent, show=False)
-        self.setBackground(colors.BACKGROUND_HEX)
         self._t = np.zeros(CAPACITY)
         self._v = np.full((CAPACITY, len(SERIES)), np.nan)
         self._n = 0
@@ -85,7 +99,7 @@ class TimePlots(pg.GraphicsLayoutWidget):
         for i, (title, unit, y_range, series) in enumerate(PLOTS):
             if i and i % columns == 0:
                 self.nextRow()
-            plot = self.addPlot(title=_title(title, unit, series))
+            plot = self.addPlot(title=_title(title, unit, series, current()))
             plot.titleLabel.setAttr("size", "8pt")
             # A long title wraps rather than widening the plots or overlapping its neighbour.
             style_rolling_plot(plot, WINDOW_S, y_range)
@@ -94,11 +108,21 @@ class TimePlots(pg.GraphicsLayoutWidget):
                 plot.getAxis("left").setTicks([ticks, []])
                 plot.getAxis("left").setStyle(hideOverlappingLabels=False)
             plot.getAxis("left").setWidth(36)
-            for key, _name, color, style in series:
-                pen = pg.mkPen(color, width=1.6, style=style or Qt.PenStyle.SolidLine)
-                self.curves[key] = plot.plot(pen=pen, connect="finite")
+            for key, _name, _role, _style in series:
+                self.curves[key] = plot.plot(connect="finite")
                 self.curves[key].setClipToView(True)
         self.plots = [self.getItem(i // columns, i % columns) for i in range(len(PLOTS))]
+        follow_theme(self, self._restyle)
+
+    def _restyle(self, palette: Palette) -> None:
+        """The ground, titles, axes and series pens in a theme's colours."""
+        self.setBackground(colors.active().background_hex)
+        for plot, (title, unit, _y_range, series) in zip(self.plots, PLOTS, strict=True):
+            plot.titleLabel.setText(_title(title, unit, series, palette))  # keeps its wrapping
+            restyle_plot(plot, palette)
+            for key, _name, role, style in series:
+                pen = pg.mkPen(role_hex(role), width=1.6, style=style or Qt.PenStyle.SolidLine)
+                self.curves[key].setPen(pen)
 
     def add_sample(self, t: float, values: dict[str, float]) -> None:
         """Append one sample (missing or None values are gaps) and redraw."""

@@ -25,22 +25,22 @@ from PySide6.QtGui import (
 )
 
 from app.desktop.chat.code_highlight import highlight
+from app.desktop.palette import DARK, Palette, current
 
-CODE_BACKGROUND = QColor("#0d1117")
-HEADER_BACKGROUND = QColor("#262c36")
-HEADER_COLOR = QColor("#8b949e")
 CODE_FAMILIES = ["DejaVu Sans Mono", "Menlo", "Consolas", "monospace"]
-# GitHub's dark palette, readable on CODE_BACKGROUND.
-KIND_COLORS = {
-    "keyword": QColor("#ff7b72"),
-    "builtin": QColor("#d2a8ff"),
-    "constant": QColor("#79c0ff"),
-    "number": QColor("#79c0ff"),
-    "string": QColor("#a5d6ff"),
-    "key": QColor("#7ee787"),
-    "comment": QColor("#8b949e"),
-    "meta": QColor("#ffa657"),
-}
+# The dark theme's colours (app/desktop/palette.py has both themes'); a message takes the
+# colours of the theme on show when it renders, and renders again when the theme changes.
+CODE_BACKGROUND = QColor(DARK.code_background)
+HEADER_BACKGROUND = QColor(DARK.code_header)
+HEADER_COLOR = QColor(DARK.code_header_text)
+KIND_COLORS = {kind: QColor(color) for kind, color in DARK.code_kinds.items()}
+
+
+def kind_colors(palette: Palette | None = None) -> dict[str, QColor]:
+    """Highlight colour by token kind, in `palette` (the theme on show by default)."""
+    return {kind: QColor(color) for kind, color in (palette or current()).code_kinds.items()}
+
+
 # Block properties that markdown cannot produce: they mark what this module made.
 CODE_LANGUAGE = QTextFormat.UserProperty + 1
 CODE_HEADER = QTextFormat.UserProperty + 2
@@ -65,10 +65,11 @@ def format_code_blocks(document: QTextDocument) -> None:
     """Style, highlight and head every code block of a freshly parsed markdown document."""
     runs = _code_runs(document)
     cursor = QTextCursor(document)
+    palette = current()
     for first, last, language in reversed(runs):  # back to front: earlier positions hold
-        _style_lines(cursor, first, last, language)
-        _colour(cursor, first.position(), _text_of(first, last), language)
-        _insert_header(cursor, first, language)
+        _style_lines(cursor, first, last, language, palette)
+        _colour(cursor, first.position(), _text_of(first, last), language, palette)
+        _insert_header(cursor, first, language, palette)
 
 
 @dataclass(frozen=True)
@@ -160,11 +161,13 @@ def _text_of(first: QTextBlock, last: QTextBlock) -> str:
     return "\n".join(lines)
 
 
-def _style_lines(cursor: QTextCursor, first: QTextBlock, last: QTextBlock, language: str) -> None:
+def _style_lines(
+    cursor: QTextCursor, first: QTextBlock, last: QTextBlock, language: str, palette: Palette
+) -> None:
     block = first
     while True:
         fmt = block.blockFormat()
-        fmt.setBackground(CODE_BACKGROUND)
+        fmt.setBackground(QColor(palette.code_background))
         fmt.setLeftMargin(6)
         fmt.setRightMargin(6)
         fmt.setTopMargin(0)
@@ -183,24 +186,25 @@ def _style_lines(cursor: QTextCursor, first: QTextBlock, last: QTextBlock, langu
         block = block.next()
 
 
-def _colour(cursor: QTextCursor, start: int, code: str, language: str) -> None:
+def _colour(cursor: QTextCursor, start: int, code: str, language: str, palette: Palette) -> None:
     # Lines are one character apart in the document as in `code` ("\n" vs a block break).
+    colors = kind_colors(palette)
     for span in highlight(code, language):
         cursor.setPosition(start + span.start)
         cursor.setPosition(start + span.end, QTextCursor.KeepAnchor)
         char = QTextCharFormat()
-        char.setForeground(KIND_COLORS[span.kind])
+        char.setForeground(colors[span.kind])
         if span.kind == "comment":
             char.setFontItalic(True)
         cursor.mergeCharFormat(char)
 
 
-def _insert_header(cursor: QTextCursor, first: QTextBlock, language: str) -> None:
+def _insert_header(cursor: QTextCursor, first: QTextBlock, language: str, palette: Palette) -> None:
     """Split a header block off in front of the code: the code keeps its formats."""
     cursor.setPosition(first.position())
     cursor.insertBlock(first.blockFormat(), first.charFormat())
     header = QTextBlockFormat()
-    header.setBackground(HEADER_BACKGROUND)
+    header.setBackground(QColor(palette.code_header))
     header.setLeftMargin(6)
     header.setRightMargin(6)
     header.setTopMargin(6)
@@ -208,7 +212,7 @@ def _insert_header(cursor: QTextCursor, first: QTextBlock, language: str) -> Non
     cursor.movePosition(QTextCursor.PreviousBlock)
     cursor.setBlockFormat(header)
     label = QTextCharFormat()
-    label.setForeground(HEADER_COLOR)
+    label.setForeground(QColor(palette.code_header_text))
     label.setFontFamilies(CODE_FAMILIES)
     cursor.setBlockCharFormat(label)
     cursor.insertText(language.split(maxsplit=1)[0] if language.strip() else "code", label)

@@ -35,25 +35,27 @@ class CodeScroller(QTextBrowser):
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)
         self._lines: tuple[str, ...] = ()
-        self._background = ""
+        self._background = ("", "")
 
-    def set_background(self, color: str) -> None:
+    def set_colors(self, background: str, handle: str) -> None:
         """Opaque in the code colour: the message's own copy of the lines lies underneath."""
-        if color != self._background:
-            self._background = color
+        if (background, handle) != self._background:
+            self._background = (background, handle)
             self.setStyleSheet(
-                f"QTextBrowser#codeScroller {{ background: {color}; border: none; }}"
+                f"QTextBrowser#codeScroller {{ background: {background}; border: none; }}"
+                f" QScrollBar::handle:horizontal {{ background: {handle}; }}"
             )
 
-    def set_lines(self, first: QTextBlock, last: QTextBlock) -> None:
-        """Copy the message's code lines first..last (formats and highlighting kept)."""
+    def set_lines(self, first: QTextBlock, last: QTextBlock, theme: str) -> None:
+        """Copy the message's code lines first..last (formats and highlighting kept), as
+        highlighted for `theme`."""
         lines, block = [], first
         while True:
             lines.append(block.text())
             if block == last:
                 break
             block = block.next()
-        key = tuple(lines) + (str(first.charFormat().foreground().color().name()),)
+        key = (*lines, theme)
         if key == self._lines:
             return  # a streaming reply re-renders many times a second; its code rarely changes
         self._lines = key

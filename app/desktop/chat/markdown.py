@@ -31,8 +31,9 @@ from app.desktop.chat.code_blocks import (
     is_code_block,
     scan_fences,
 )
+from app.desktop.palette import DARK, current
 
-INLINE_CODE_BACKGROUND = QColor("#2a3140")
+INLINE_CODE_BACKGROUND = QColor(DARK.inline_code)  # the dark theme's; current() at render
 
 
 class SafeDocument(QTextDocument):
@@ -135,7 +136,7 @@ def _mark_inline_code(document: QTextDocument) -> None:
                 cursor.setPosition(fragment.position())
                 cursor.setPosition(fragment.position() + fragment.length(), QTextCursor.KeepAnchor)
                 char = fragment.charFormat()
-                char.setBackground(INLINE_CODE_BACKGROUND)
+                char.setBackground(QColor(current().inline_code))
                 char.setFontFamilies(CODE_FAMILIES)
                 cursor.setCharFormat(char)
             it += 1

@@ -22,9 +22,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop.chat.code_blocks import CODE_BACKGROUND, CODE_LANGUAGE, CodeBlock, code_blocks
+from app.desktop.chat.code_blocks import CODE_LANGUAGE, CodeBlock, code_blocks
 from app.desktop.chat.code_scroller import CodeScroller
 from app.desktop.chat.markdown import SafeDocument, render_markdown
+from app.desktop.palette import Palette, current, follow_theme
 
 LINK_SCHEMES = ("http", "https")
 
@@ -71,11 +72,18 @@ class MarkdownView(QTextBrowser):
         self._copy_buttons: list[CopyCodeButton] = []
         self._scrollers: list[CodeScroller] = []
         self._placing = False
+        follow_theme(self, self._restyle)
 
     def set_markdown(self, text: str) -> None:
         if text != self._markdown:
             self._markdown = text
             render_markdown(self.document(), text)
+            self._update_copy_buttons()
+
+    def _restyle(self, _palette: Palette) -> None:
+        """Code colours are baked into the document when it renders: render it again."""
+        if self._markdown:
+            render_markdown(self.document(), self._markdown)
             self._update_copy_buttons()
 
     def copy_buttons(self) -> list[CopyCodeButton]:
@@ -123,8 +131,9 @@ class MarkdownView(QTextBrowser):
             self._copy_buttons, self._scrollers, blocks, strict=True
         ):
             button.code = block.code
-            scroller.set_background(CODE_BACKGROUND.name())
-            scroller.set_lines(*_code_lines(block))
+            palette = current()
+            scroller.set_colors(palette.code_background, palette.scroll_handle)
+            scroller.set_lines(*_code_lines(block), palette.name)
         self._place_copy_buttons()
 
     def _place_copy_buttons(self) -> None:

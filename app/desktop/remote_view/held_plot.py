@@ -9,7 +9,8 @@ from PySide6.QtWidgets import QWidget
 
 from app.desktop.blockmap import colors
 from app.desktop.blockmap.plot_title import style_rolling_plot
-from app.desktop.blockmap.time_plots import HEADROOM, WINDOW_S
+from app.desktop.blockmap.time_plots import HEADROOM, WINDOW_S, restyle_plot
+from app.desktop.palette import Palette, current, follow_theme
 
 PLOTS = (
     ("held", "Blocks held per replica (KV events) · seconds ago", 8.0),
@@ -19,18 +20,28 @@ PLOTS = (
 )
 
 
+def _title(title: str, palette: Palette) -> str:
+    return f"<span style='color:{palette.text}; font-size:8pt'>{title}</span>"
+
+
 class HeldPlots(pg.GraphicsLayoutWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent, show=False)
-        self.setBackground(colors.BACKGROUND_HEX)
         self.plots: dict[str, pg.PlotItem] = {}
         self.curves: dict[tuple[str, str], pg.PlotDataItem] = {}  # (plot, replica)
         for key, title, y_range in PLOTS:
-            plot = self.addPlot(title=f"<span style='color:#C9CED6; font-size:8pt'>{title}</span>")
+            plot = self.addPlot(title=_title(title, current()))
             style_rolling_plot(plot, WINDOW_S, y_range)
             plot.getAxis("left").setWidth(40)
             self.plots[key] = plot
             self.nextRow()
+        follow_theme(self, self._restyle)
+
+    def _restyle(self, palette: Palette) -> None:
+        self.setBackground(colors.active().background_hex)
+        for key, title, _y_range in PLOTS:
+            self.plots[key].titleLabel.setText(_title(title, palette))
+            restyle_plot(self.plots[key], palette)
 
     def set_series(self, key: str, replica: str, color: str, t: np.ndarray, v: np.ndarray) -> None:
         """One replica's samples (t in seconds before now, v) for plot `key`."""

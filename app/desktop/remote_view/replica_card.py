@@ -17,14 +17,21 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop.blockmap.metrics_strip import TILE_STYLE
+from app.desktop.blockmap.metrics_strip import tile_style
+from app.desktop.palette import DARK, Palette, follow_theme
 from app.desktop.remote_view.metric_tiles import TILES, tile_texts
 from app.desktop.remote_view.status_line import SEVERITY_HEX, StatusLine
 
-CARD_STYLE = TILE_STYLE + (
-    " QLabel#replicaName { color: #E8EAED; font-size: 12px; font-weight: bold; }"
-    " QLabel#replicaStatus { font-size: 11px; }"
-)
+
+def card_style(p: Palette) -> str:
+    """The block map's tiles, and the replica's name, in a theme's colours."""
+    return tile_style(p) + (
+        f" QLabel#replicaName {{ color: {p.strong}; font-size: 12px; font-weight: bold; }}"
+        " QLabel#replicaStatus { font-size: 11px; }"
+    )
+
+
+CARD_STYLE = card_style(DARK)
 
 
 class _Tile(QFrame):
@@ -51,7 +58,7 @@ class ReplicaCard(QWidget):
     ) -> None:
         super().__init__(parent)
         self.replica = replica
-        self.setStyleSheet(CARD_STYLE)
+        follow_theme(self, lambda palette: self.setStyleSheet(card_style(palette)))
         self.swatch = QLabel()
         self.swatch.setFixedSize(12, 12)
         self.swatch.setStyleSheet(f"background: {color}; border-radius: 2px;")

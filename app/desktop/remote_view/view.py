@@ -48,7 +48,7 @@ from app.desktop.remote_view.routing_box import RoutingBox, Tokenize
 from app.desktop.remote_view.run_texts import RunTexts
 from app.desktop.remote_view.status_line import BAD, StatusLine, status_line
 from app.desktop.remote_view.tree_merging import MergeBridge, TreeMerging
-from app.desktop.remote_view.view_style import VIEW_STYLE
+from app.desktop.remote_view.view_style import style_view
 from app.remote.connection import Connection
 from app.remote.connections_qt import ConnectionList
 
@@ -116,7 +116,7 @@ class RemoteView(TreeMerging, QWidget):
     ) -> None:
         super().__init__(parent)
         self.setObjectName("remoteView")
-        self.setStyleSheet(VIEW_STYLE)
+        style_view(self)  # its own sheet, in the theme's colours
         self.connections = connections
         self._monitor_factory = monitor_factory or _default_monitor
         self._clock = clock

@@ -1,22 +1,40 @@
-"""The remote view's stylesheet: its own, so that it holds in the light theme too."""
+"""The remote view's stylesheet: its own, in the theme's colours (app/desktop/palette.py).
 
-# Dark in both themes, as the block map is (assets/style_light.qss keeps #blockMapPanel dark):
-# the replica colours are the map's palette, chosen for a dark ground. This sheet is the
-# view's own, so it wins over the application's light rules for every widget inside.
-VIEW_STYLE = (
-    "QWidget { background: #101216; color: #C9CED6; }"
-    " QSplitter::handle { background: #22262E; }"
-    " QTextBrowser { background: #15171C; border: 1px solid #2C313B; color: #D5D9E0;"
-    " font-size: 11px; }"
-    " QLineEdit { background: #1B2028; border: 1px solid #2A303B; border-radius: 6px;"
-    " padding: 4px 6px; color: #D7DCE4; }"
-    " QLineEdit:focus { border: 1px solid #4F8CFF; }"
-    " QPushButton, QToolButton { background: #232A35; border: 1px solid #2F3744;"
-    " border-radius: 6px; padding: 5px 12px; color: #D7DCE4; }"
-    " QPushButton:hover, QToolButton:hover { background: #2B3441; }"
-    " QPushButton:disabled, QToolButton:disabled { color: #5D6675; }"
-    " QTabBar::tab { background: #1A1D23; color: #A9B0BD; padding: 4px 12px;"
-    " border: 1px solid #2C313B; border-bottom: none; }"
-    " QTabBar::tab:selected { background: #262A33; color: #E8EAED; }"
-    " QToolTip { background: #222833; color: #E6E9EE; border: 1px solid #3A4352; }"
-)
+The view's own sheet wins over the application's rules for every widget inside, so it is
+re-set whenever the theme changes (`style_view`)."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QWidget
+
+from app.desktop.palette import DARK, Palette, follow_theme
+
+
+def view_style(p: Palette) -> str:
+    tip_background, tip_text, tip_border = p.tooltip
+    return (
+        f"QWidget {{ background: {p.ground}; color: {p.text}; }}"
+        f" QSplitter::handle {{ background: {p.handle}; }}"
+        f" QTextBrowser {{ background: {p.surface}; border: 1px solid {p.border};"
+        f" color: {p.text}; font-size: 11px; }}"
+        f" QLineEdit {{ background: {p.surface}; border: 1px solid {p.border};"
+        f" border-radius: 6px; padding: 4px 6px; color: {p.button_text}; }}"
+        f" QLineEdit:focus {{ border: 1px solid {p.accent}; }}"
+        f" QPushButton, QToolButton {{ background: {p.button}; border: 1px solid"
+        f" {p.button_border}; border-radius: 6px; padding: 5px 12px; color: {p.button_text}; }}"
+        f" QPushButton:hover, QToolButton:hover {{ background: {p.button_hover}; }}"
+        f" QPushButton:disabled, QToolButton:disabled {{ color: {p.disabled}; }}"
+        f" QTabBar::tab {{ background: {p.scroll}; color: {p.muted}; padding: 4px 12px;"
+        f" border: 1px solid {p.border}; border-bottom: none; }}"
+        f" QTabBar::tab:selected {{ background: {p.surface}; color: {p.strong}; }}"
+        f" QToolTip {{ background: {tip_background}; color: {tip_text};"
+        f" border: 1px solid {tip_border}; }}"
+    )
+
+
+VIEW_STYLE = view_style(DARK)  # the dark theme's
+
+
+def style_view(view: QWidget) -> None:
+    """Give the view its sheet in the theme on show, and again after every change."""
+    follow_theme(view, lambda palette: view.setStyleSheet(view_style(palette)))
