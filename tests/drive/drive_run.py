@@ -95,6 +95,8 @@ class Drive:
         self.user.menu(window, "&Chat", "Quit")
         self.user.wait_until(lambda: not window.isVisible(), 60, "the window to close")
         self.exit["close_s"] = round(time.monotonic() - t_quit, 2)
+        self.rss.model = "closed"  # the samples from here on are of the process after the window
+        self.exit["rss_after_close_mib"] = self.rss.sample("window closed")["rss_mib"]
         self._status_timer.stop()
         self.exit["settings_dialogs_alive"] = len(window.findChildren(SettingsDialog))
 

@@ -17,6 +17,9 @@ SCREEN_SIZES = ((1024, 700), (1400, 860))
 def rss_summary(samples: list[dict], events: list[dict]) -> dict:
     if not samples:
         return {}
+    samples = [s for s in samples if s["model"] != "closed"]  # the window's life only
+    if not samples:
+        return {}
     rss = [s["rss_mib"] for s in samples]
     out = {
         "samples": len(samples),
@@ -77,7 +80,7 @@ def plot(path: Path, samples: list[dict], stalls: list[dict], events: list[dict]
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
     )
-    colours = {"bundled": "tab:blue", "other": "tab:orange"}
+    colours = {"bundled": "tab:blue", "other": "tab:orange", "closed": "tab:gray"}
     for model in dict.fromkeys(s["model"] for s in samples):
         pts = [s for s in samples if s["model"] == model]
         top.plot(
@@ -85,7 +88,7 @@ def plot(path: Path, samples: list[dict], stalls: list[dict], events: list[dict]
             [s["rss_mib"] for s in pts],
             ".",
             color=colours.get(model, "tab:gray"),
-            label=f"RSS on the {model} model",
+            label="after the window closed" if model == "closed" else f"on the {model} model",
         )
     top.plot([s["t_s"] / 60 for s in samples], [s["rss_mib"] for s in samples], "-", lw=0.6,
              color="tab:gray")  # fmt: skip

@@ -222,6 +222,7 @@ class Scenarios:
             "the settings dialog",
         )
         source = dialog.picker.source
+        max_len_at_open = dialog.max_len.value()
         wanted = 0 if model is None else 1  # Bundled, GGUF file
         for _ in range(4):
             if source.currentIndex() == wanted:
@@ -230,7 +231,7 @@ class Scenarios:
         if model is not None:
             self.user.type_into(dialog.picker.path, model)
             self.user.key(dialog.picker.path, Qt.Key_Tab)  # Enter would press Apply
-        self._fit_context(dialog)
+        lengths = self._fit_context(dialog, max_len_at_open)
         self._say(f"switch to {label}: Apply")
         before_ready, before_failed = self.ready_count, self.failed_count
         rss_before = self.rss.sample(f"before switch to {label}")["rss_mib"]
@@ -254,21 +255,30 @@ class Scenarios:
         rss_after = self.rss.sample(f"after switch to {label}")["rss_mib"]
         self.events.append({"t_s": round(self.user.activity.now(), 1), "to": label})
         return {"rebuild_s": round(seconds, 1), "rss_before_mib": rss_before,
-                "rss_after_mib": rss_after, "model": self.w.engine_info.settings.model}  # fmt: skip
+                "rss_after_mib": rss_after, "model": self.w.engine_info.settings.model,
+                **lengths}  # fmt: skip
 
-    def _fit_context(self, dialog) -> None:
+    def _fit_context(self, dialog, before: int) -> dict:
         """As a user reading "Context length: 512 tokens": a max length over the chosen model's
-        context is typed down to it, and the one typed over is put back on the way back."""
+        context is typed down to it (unless the dialog lowered it itself), and on the way back
+        to the bundled model the length the user had is typed back in. Returns what the box
+        showed, so the JSON says whether the dialog kept a lowered length."""
         box, config = dialog.max_len, dialog.picker.model_config()
         own = config.max_position_embeddings if config is not None else None
-        if own is not None and (box.value() == 0 or box.value() > own):
-            self._typed_over = box.value()
-            self.user.type_into(box, str(own))
-            self.user.key(box, Qt.Key_Tab)
-        elif dialog.picker.source.currentIndex() == 0 and self._typed_over is not None:
-            self.user.type_into(box, str(self._typed_over))
-            self.user.key(box, Qt.Key_Tab)
+        seen = {"max_len_at_open": before, "max_len_after_choice": box.value()}
+        if dialog.picker.source.currentIndex() != 0:
+            if own is not None and (box.value() == 0 or box.value() > own):
+                self.user.type_into(box, str(own))
+                self.user.key(box, Qt.Key_Tab)
+            if box.value() != before and self._typed_over is None:
+                self._typed_over = before
+        elif self._typed_over is not None:
+            if box.value() != self._typed_over:
+                self.user.type_into(box, str(self._typed_over))
+                self.user.key(box, Qt.Key_Tab)
             self._typed_over = None
+        seen["max_len_applied"] = box.value()
+        return seen
 
     def load_generator(self) -> dict:
         column, panel = self.w.map_column, self.w.loadgen_panel
