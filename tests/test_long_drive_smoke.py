@@ -3,7 +3,9 @@
 The hour-long drive is run by hand; this keeps it working: the real window in its own process
 is driven through a short loop, and the drive must exit 0 (no error dialog, failed reply or
 exception), write its JSON, plot and four screenshots at their sizes, and leave no process of
-its session behind. The model switch is left to the long drive (two rebuilds cost ~25 s here).
+its session behind, and the window must take both screenshot sizes (a widget that holds it wider
+than 1024 px is an error the drive names). The model switch is left to the long drive (two
+rebuilds cost ~25 s here).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import psutil
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = "chat,regenerate,search,export,load generator,record and replay,theme"
@@ -39,6 +42,7 @@ def left_in_session(sid: int) -> list[str]:
     return left
 
 
+@pytest.mark.slow  # ~100 s here: a whole app process, its model load and seven scenarios
 def test_the_long_drive_runs_each_scenario_and_exits_cleanly(tmp_path):
     out = tmp_path / "drive"
     # The converted tokenizer and the compiled kernels kept between runs: a warm start.

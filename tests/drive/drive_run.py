@@ -153,7 +153,25 @@ class Drive:
                 grab = window.grab()
                 grab.save(str(path))
                 self.shots.append(f"{path.name} ({grab.width()}x{grab.height()})")
+                if (window.width(), window.height()) != (width, height):
+                    hint = window.minimumSizeHint()
+                    self.errors.add(
+                        "window size",
+                        f"asked for {width}x{height}, the window is {window.width()}x"
+                        f"{window.height()} (its minimum size hint {hint.width()}x{hint.height()};"
+                        f" least widths: {self._least_widths()})",
+                    )
         window.resize(*SCREEN_SIZES[-1])
+
+    def _least_widths(self) -> dict[str, int]:
+        """Who holds the window wide: each column's and the status bar's least width."""
+        window = self.window
+        parts = [window.splitter.widget(i) for i in range(window.splitter.count())]
+        parts.append(window.statusBar())
+        return {
+            p.objectName() or type(p).__name__: max(p.minimumSizeHint().width(), p.minimumWidth())
+            for p in parts
+        }
 
     def children(self) -> list[dict]:
         """Processes this one started that are still there, ended (they are ours)."""
