@@ -1,4 +1,5 @@
-"""Keeping the host allocator lean while a model is built (glibc only; a no-op elsewhere).
+"""Keeping the host allocator lean while a model is built, and after one is dropped (glibc
+only; a no-op elsewhere: Windows' and macOS's allocators give freed pages back on their own).
 
 A build allocates and frees hundreds of tensor-sized scratch buffers. glibc serves blocks up to
 its dynamic mmap threshold (which grows to 32 MiB after the first large frees) from the heap,
@@ -8,6 +9,9 @@ the memory at once (measured on a 1.1B Q4_0 file with its tokenizer cached: peak
 1.42-1.47 GiB, resident after load 1.35 -> 1.22 GiB, load time unchanged within noise).
 Afterwards the threshold goes back to glibc's ceiling, what the dynamic threshold settles at
 anyway, and freed heap is trimmed.
+
+When an engine is dropped (the app's rebuilds), `give_back_freed` trims the same way: glibc
+keeps small freed chunks in each thread's arena, resident, until trimmed.
 """
 
 from __future__ import annotations
@@ -44,3 +48,13 @@ def lean_allocations():
     finally:
         libc.mallopt(M_MMAP_THRESHOLD, STEADY_THRESHOLD)
         libc.malloc_trim(0)
+
+
+def give_back_freed() -> bool:
+    """Return the heap that glibc holds freed in every arena to the OS (malloc_trim(0)); True
+    where that ran, False where there is no glibc to ask."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True

@@ -10,7 +10,9 @@ the worker thread.
 from __future__ import annotations
 
 import gc
+import logging
 import time
+import weakref
 
 from PySide6.QtCore import QObject, Signal, Slot
 
@@ -18,7 +20,10 @@ from app.core.engine_messages import EngineInfo, Telemetry
 from app.core.settings import EngineSettings
 from app.desktop.kernel_switch import KernelSwitch
 from engine.device_memory import read_device_memory
+from engine.host_memory import give_back_freed
 from engine.kv.snapshot import KVSnapshot
+
+logger = logging.getLogger(__name__)
 
 TELEMETRY_INTERVAL_S = 0.1
 DEVICE_MEMORY_INTERVAL_S = 0.5
@@ -70,12 +75,8 @@ class EngineHost(QObject):
             self.engine_failed.emit(describe_error(e))
             return
         previous = (self._loaded, self._loaded_key, self._settings)
-        # Free the old pool before sizing the new one (on a GPU the new one is sized from what
-        # is left): dropping the last reference frees it, no cycle holds it. No gc.collect()
-        # here: a collection on this thread can finalize the GUI thread's Qt objects, and
-        # PySide then deadlocks in the QObject destructor waiting for the GIL.
-        self.llm = None
-        gc.unfreeze()
+        self._drop_engine()  # before the new one is sized from the memory left
+        failure: str | None = None
         try:
             # numba's CPU kernels where compiled (loaded from their cache in ~1 s), else torch's
             # while the compile runs in the background.
@@ -84,20 +85,11 @@ class EngineHost(QObject):
                 prepare_cpu_kernels(settings.device, self.busy.emit)
             llm = LLM(model=loaded, **{**kwargs, "cpu_quant_kernel": kernel})
         except Exception as e:
-            message = describe_error(e)
-            self.llm = None
-            if previous[0] is not None:
-                try:
-                    kwargs = {**previous[2].llm_kwargs(), "cpu_quant_kernel": self._kernel}
-                    self.llm = LLM(model=previous[0], **kwargs)
-                except Exception as again:
-                    message += (
-                        f"\nRestoring the previous engine failed too: {describe_error(again)}"
-                    )
-            self.busy.emit("")
-            self.engine_failed.emit(message)
-            if self.llm is not None:
-                self.engine_ready.emit(EngineInfo.of(self.llm, previous[2]))
+            failure = describe_error(e)
+        if failure is not None:
+            # Out of the except clause: in it, the traceback's frames would hold the half-built
+            # engine (its weights so far) while the previous one is built again beside it.
+            self._restore(previous, failure)
             return
         self.llm, self._kernel = llm, kernel
         self._loaded, self._loaded_key, self._settings = loaded, settings.model, settings
@@ -119,6 +111,43 @@ class EngineHost(QObject):
     def rebuild_for_kernels(self) -> None:
         """The same settings again, on the CPU kernels compiled meanwhile (KernelSwitch)."""
         self._build(self._settings)
+
+    def _drop_engine(self) -> None:
+        """Let the engine go and give its memory back (weights, pool, buffers, tokenizer).
+
+        Dropping the last reference frees it: no cycle holds a model or its pool
+        (tests/test_engine_teardown.py checks each kind), so this needs no collection, which
+        matters because there must be none here: a collection on this thread can finalize the
+        GUI thread's Qt objects, and PySide then deadlocks in the QObject destructor waiting
+        for the GIL. The engine was frozen at build (see _build): unfrozen, so that anything
+        left does get collected some day. glibc then returns the freed heap to the OS."""
+        if self.llm is None:
+            return
+        engine = weakref.ref(self.llm.engine)
+        self.llm = None
+        gc.unfreeze()
+        if engine() is not None:
+            logger.warning(
+                "the previous engine is still referenced after a rebuild: its memory stays "
+                "resident until the garbage collector finds it"
+            )
+        give_back_freed()
+
+    def _restore(self, previous: tuple, failure: str) -> None:
+        """After a failed build: the previous engine again where there was one, and the error."""
+        from engine import LLM
+
+        loaded, _, settings = previous
+        if loaded is not None:
+            try:
+                kwargs = {**settings.llm_kwargs(), "cpu_quant_kernel": self._kernel}
+                self.llm = LLM(model=loaded, **kwargs)
+            except Exception as again:
+                failure += f"\nRestoring the previous engine failed too: {describe_error(again)}"
+        self.busy.emit("")
+        self.engine_failed.emit(failure)
+        if self.llm is not None:
+            self.engine_ready.emit(EngineInfo.of(self.llm, settings))
 
     # ---- telemetry -----------------------------------------------------------------------
     @Slot()
