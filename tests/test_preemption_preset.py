@@ -21,7 +21,7 @@ from app.core.loadgen import (
     LoadGenerator,
     plan_preemption_demo,
 )
-from app.core.step_speed import DEFAULT_SPEED, MachineSpeed, StepSpeed
+from app.core.step_speed import DEFAULT_SPEED, MIXED_SHARE, MachineSpeed, StepSpeed
 from engine.kv.events import PrefixCacheHit, SequenceFinished, SequencePreempted, StepProgress
 
 # This 2-core machine on the bundled model (prefill 390 tokens/s; decode steps of 1, 4, 8, 16
@@ -60,7 +60,10 @@ def test_the_estimate_is_prefill_then_decode_at_the_given_speed():
     spec = plan.spec
     mean_prompt = sum(spec.prompt_tokens) / 2 + TEMPLATE_TOKENS
     held = spec.num_users * mean_prompt
-    assert plan.prefill_s == pytest.approx(held / LAPTOP.prefill_tokens_per_s, rel=0.01)
+    # No mixed step seen yet: prompts next to decodes at MIXED_SHARE of the prefill rate.
+    rate = LAPTOP.prefill_tokens_per_s * MIXED_SHARE
+    assert LAPTOP.batch_prefill_tokens_per_s == pytest.approx(rate)
+    assert plan.prefill_s == pytest.approx(held / rate, rel=0.01)
     steps = (444 * 16 - held) / spec.num_users
     decode_s = steps * LAPTOP.decode_step_s(spec.num_users)
     assert plan.first_preemption_s == pytest.approx(plan.prefill_s + decode_s, rel=0.01)
@@ -130,6 +133,21 @@ def test_step_speed_tells_prefill_from_decode():
     assert got.decode_step_s(2) == pytest.approx(0.02, rel=1e-3)
     assert got.decode_step_s(3) == pytest.approx(0.03, rel=1e-3)
     assert got.decode_per_seq_s == pytest.approx(0.01, rel=1e-3)
+    assert got.mixed_tokens_per_s == pytest.approx(101 / 9.0)  # step 2: 1 decode, 100 prefill
+    assert got.batch_prefill_tokens_per_s == pytest.approx(101 / 9.0)
+
+
+def test_a_measured_mixed_rate_slows_the_prefill_estimate():
+    """Measured here: the preset's users prefill next to decodes at 185 tokens/s, though one
+    prompt alone went at 3,166; once seen, the estimate follows that rate, not the default
+    share of the prefill rate."""
+    alone = MachineSpeed(3166.0, 0.028, 0.0065, measured=True)
+    seen = MachineSpeed(3166.0, 0.028, 0.0065, measured=True, mixed_tokens_per_s=185.0)
+    a = plan_preemption_demo(173, 16, 2048, 64, alone)
+    b = plan_preemption_demo(173, 16, 2048, 64, seen)
+    assert a.spec == b.spec
+    assert b.prefill_s == pytest.approx(a.prefill_s * 3166 * MIXED_SHARE / 185)
+    assert b.first_preemption_s - b.prefill_s == pytest.approx(a.first_preemption_s - a.prefill_s)
 
 
 def test_the_panel_says_when_and_offers_a_smaller_pool(qtbot, default_model):
@@ -159,10 +177,13 @@ def test_the_panel_says_when_and_offers_a_smaller_pool(qtbot, default_model):
     assert mib == expected.suggested_pool_tokens * info.kv_bytes_per_token >> 20
     # The rebuilt engine's pool: the preset applies itself again, sized to it.
     del llm
-    small = LLM(model=default_model, num_kv_blocks=400, **knobs)
+    blocks = expected.suggested_pool_tokens // 16
+    small = LLM(model=default_model, num_kv_blocks=blocks, **knobs)
     panel.set_engine_info(EngineInfo.of(small, replace_mib(settings, mib)))
-    assert "First preemption in about" in panel.status.text()
-    assert panel.spec() == plan_preemption_demo(400, 16, small.engine.max_seq_len, 64, LAPTOP).spec
+    again = plan_preemption_demo(blocks, 16, small.engine.max_seq_len, 64, LAPTOP)
+    assert f"First preemption in about {again.first_preemption_s:.0f} s" in panel.status.text()
+    assert panel.spec() == again.spec
+    assert again.first_preemption_s <= 30.0
     assert not panel.smaller_pool.isVisibleTo(panel)
 
 

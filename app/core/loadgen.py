@@ -269,7 +269,7 @@ def _demo_for(users: int, pool: int, max_seq_len: int, speed: MachineSpeed) -> D
         shared_system_prompt=False,
         arrival_rate_per_s=min(4.0 * users, MAX_RATE),  # everyone within about a second
     )
-    prefill_s = prompt_held / speed.prefill_tokens_per_s
+    prefill_s = prompt_held / speed.batch_prefill_tokens_per_s
     decode_steps = max(0.0, pool - prompt_held) / users  # each step adds a token to each
     total = prefill_s + decode_steps * speed.decode_step_s(users)
     return DemoPlan(fit_to_context(spec, max_seq_len), prefill_s, total, pool)
@@ -300,7 +300,7 @@ def plan_preemption_demo(
                         arrival_rate_per_s=min(4.0 * users, MAX_RATE))  # fmt: skip
         spec = fit_to_context(spec, max_seq_len)
         held = users * least
-        prefill_s = held / speed.prefill_tokens_per_s
+        prefill_s = held / speed.batch_prefill_tokens_per_s
         needs = held + users * spec.output_tokens[1]
         total = prefill_s + max(0, pool - held) / users * speed.decode_step_s(users)
         plans = [DemoPlan(spec, prefill_s, total if needs > pool else math.inf, pool)]
