@@ -90,6 +90,7 @@ class ReplicaCard(QWidget):
         layout.addLayout(head)
         layout.addWidget(self.status)
         layout.addLayout(grid)
+        layout.addStretch(1)  # spare height below the tiles, not around the status line
         self.line: StatusLine | None = None
 
     def set_columns(self, columns: int, details: bool = True) -> None:
