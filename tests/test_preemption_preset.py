@@ -104,6 +104,14 @@ def _progress(step: int, *lens: tuple[int, int]):
 def test_step_speed_tells_prefill_from_decode():
     speed = StepSpeed(block_size=16)
     assert not speed.speed().measured and speed.speed() == DEFAULT_SPEED
+    for step in (1, 2):  # an engine's first steps are warm-up: slow, and not counted
+        speed.on_event(_progress(step, (8, 300 * step)))
+        speed.end_step(20.0)
+    speed.on_event(SequenceFinished(step=2, time=0.0, seq_id=8, reason="stop"))
+    assert not speed.speed().measured
+    speed.on_event(_progress(3, (7, 40)))  # a 40-token prompt: mostly fixed cost, no rate
+    speed.end_step(0.4)
+    assert not speed.speed().measured
     at = {1: 200}
     speed.on_event(_progress(1, (1, 200)))  # a 200-token prefill in 0.5 s
     speed.end_step(0.5)

@@ -157,10 +157,12 @@ class LoadGeneratorPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setSpacing(4)
         layout.addLayout(self.columns)
-        layout.addWidget(self.limit)
-        layout.addLayout(buttons)
+        # What the preset will do (and the smaller pool it offers) right under its inputs: the
+        # pane is short, and what lies further down needs scrolling to.
         layout.addWidget(self.status)
         layout.addWidget(self.smaller_pool)
+        layout.addLayout(buttons)
+        layout.addWidget(self.limit)
         layout.addStretch(1)
         self._inputs = (
             self.users, self.prompt, self.output, self.shared, self.rate, self.seed, self.preset
