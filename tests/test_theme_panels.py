@@ -9,8 +9,8 @@ from collections import Counter
 import numpy as np
 import pyqtgraph as pg
 import pytest
-from PySide6.QtGui import QColor, QImage
-from PySide6.QtWidgets import QWidget
+from PySide6.QtGui import QColor, QImage, QPalette
+from PySide6.QtWidgets import QApplication, QWidget
 
 from app.desktop.blockmap import colors, raster
 from app.desktop.blockmap.legend import key_snapshot
@@ -41,6 +41,8 @@ def _themed(window, palette, qtbot) -> None:
         assert _dominant(tile) == palette.surface
     assert _dominant(panel.paged_map) == map_colors.background_hex
     assert _dominant(window.remote_view) == palette.ground
+    link = QApplication.palette().color(QPalette.ColorRole.Link).name().upper()
+    assert link == palette.link  # chat links: Qt's own blue is unreadable on the dark bubbles
     light_ground = colors.luminance(_dominant(panel.key)) > 0.8  # the app's sheet colours it
     assert light_ground == (palette is LIGHT)
     # Code: the message's own code lines and the scroller laid over them.

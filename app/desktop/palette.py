@@ -40,6 +40,7 @@ class Palette:
     button_hover: str
     disabled: str
     accent: str  # focus ring
+    link: str  # links in chat messages (Qt's palette role: style sheets cannot set it)
     banner: tuple[str, str, str]  # background, text, border of a warning banner
     tooltip: tuple[str, str, str]  # background, text, border
     code_background: str
@@ -73,6 +74,7 @@ DARK = Palette(
     button_hover="#2B3441",
     disabled="#5D6675",
     accent="#4F8CFF",
+    link="#58A6FF",
     banner=("#3A2E12", "#F2D49B", "#7A5A1E"),
     tooltip=("#222833", "#E6E9EE", "#3A4352"),
     code_background="#0D1117",
@@ -116,6 +118,7 @@ LIGHT = Palette(
     button_hover="#E8EDF5",
     disabled="#9AA1AD",
     accent="#3B6FD8",
+    link="#0550AE",
     banner=("#FFF4D6", "#6E4700", "#E0B85A"),
     tooltip=("#FFFFFF", "#1F2430", "#C3C9D3"),
     code_background="#F6F8FA",

@@ -7,7 +7,7 @@ app/desktop/palette.py.
 from __future__ import annotations
 
 from PySide6.QtCore import QObject, Qt, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
 from app.core.paths import ASSETS_DIR
@@ -50,6 +50,12 @@ class ThemeKeeper(QObject):
         app = QApplication.instance()
         if app.styleSheet() != sheet:  # re-polishing every widget is not free
             app.setStyleSheet(sheet)
+        colors = app.palette()
+        if colors.color(QPalette.ColorRole.Link) != QColor(palette.link):
+            colors.setColor(
+                QPalette.ColorRole.Link, QColor(palette.link)
+            )  # Qt's blue: unreadable on dark
+            app.setPalette(colors)
         if self.shown != before:
             self.changed.emit(palette)
         return self.shown
