@@ -83,7 +83,8 @@ def test_first_replies_on_torch_kernels_then_the_switch(qtbot, client, uncompile
         r"compiling in the background, about \d+ s left; replies use the slower path",
         watch.lines[0],
     ), watch.lines
-    assert re.search(r"compiled in \d+ s; replies use them now \(the switch took", watch.lines[-1])
+    done = r"compiled in \d+ s; replies use them now \(the switch took"
+    qtbot.waitUntil(lambda: bool(re.search(done, watch.lines[-1])), timeout=TIMEOUT_MS)
     assert kernels_compiled() and (uncompiled_cache / MARKER).is_file()
     ask(c, "second")  # the rebuilt engine answers
     qtbot.waitUntil(lambda: "second" in watch.finished, timeout=TIMEOUT_MS)
@@ -117,3 +118,35 @@ def test_a_failed_compile_keeps_the_torch_kernels_and_says_so(qtbot, client, tmp
     ask(c, "after")
     qtbot.waitUntil(lambda: "after" in watch.finished, timeout=TIMEOUT_MS)
     assert watch.layouts == ["cpu-int4"]  # no switch, no rebuild
+
+
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_the_status_bar_line_is_readable_and_keeps_the_bar_narrow(qtbot, width):
+    from app.desktop.kernel_switch import compiling_line
+    from app.desktop.status_bar import EngineStatusBar
+
+    bar = EngineStatusBar()
+    qtbot.addWidget(bar)
+    bar.resize(width, 30)
+    # The model line as the window fills it: long, elided, and as greedy for width as any label.
+    bar.model_label.setText("SmolLM2-135M-Instruct.Q4_1.gguf · llama 134.5M · cpu bfloat16 " * 3)
+    bar.show()
+    line = compiling_line(remaining_s=21.4, elapsed_s=8.0)
+    assert line.startswith("CPU kernels compiling in the background, about 21 s left")
+    bar.show_kernels(line)
+    qtbot.waitUntil(lambda: bar.kernel_label.isVisible())
+    label = bar.kernel_label
+    assert label.minimumWidth() <= 1  # room comes from the model line, never from a minimum
+    assert bar.minimumSizeHint().width() <= width  # the line never widens the window
+
+    def shown() -> str:
+        width = label.contentsRect().width()
+        return label.fontMetrics().elidedText(label.text(), label.elide_mode, width)
+
+    gist = "CPU kernels compiling, about 21 s left"
+    qtbot.waitUntil(lambda: shown() in (line, gist), timeout=5_000)  # whole, or its gist
+    shown = shown()
+    assert shown == line or width < 1400
+    assert label.toolTip() == line
+    bar.show_kernels("")
+    assert not label.isVisible()

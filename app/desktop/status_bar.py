@@ -8,6 +8,7 @@ warning label says when the naive allocator cannot hold two sequences (app/core/
 
 from __future__ import annotations
 
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from app.core.engine_messages import EngineInfo
@@ -17,6 +18,8 @@ from app.desktop.model_picker import format_count
 
 POOL_LABEL_SAMPLE = "KV 000000/000000 blocks held, 000000 cached · 0000 running"
 WARNING_STYLE = "color: #F2B84B; font-weight: bold;"
+QWIDGETSIZE_MAX = (1 << 24) - 1  # Qt's "no maximum"
+KERNEL_SHARE = 0.5  # of the bar's width, at most, for the CPU kernels' line
 
 
 class EngineStatusBar(QStatusBar):
@@ -37,6 +40,9 @@ class EngineStatusBar(QStatusBar):
         # The CPU kernels' background compile and the switch to them (app/desktop/kernel_switch.py)
         self.kernel_label = ElidedLabel(objectName="kernelState")
         self.kernel_label.setVisible(False)
+        # No minimum of its own (not even ElidedLabel's 12 characters): it never widens the bar.
+        self.kernel_label.setMinimumWidth(1)
+        self._kernel_line = ""
         self._engine_loaded = False
         self._replies = 0
         self._sequences = (0, 0)  # the engine's running, waiting (chats and simulated users)
@@ -70,13 +76,63 @@ class EngineStatusBar(QStatusBar):
         """What the worker is doing ("" when it is done); while busy, the state line says it."""
         self.busy_bar.setVisible(bool(text))
         if text:
-            self.state_label.setText(text)
+            self._set_state(text)
+
+    def _set_state(self, text: str) -> None:
+        """The state line; the kernels' line refitted before the bar lays out the new width."""
+        self.state_label.setText(text)
+        if self._kernel_line:
+            self._fit_kernels()
 
     def show_kernels(self, line: str) -> None:
         """The CPU kernels' compile or switch ("" hides it); the full line in the tooltip."""
-        self.kernel_label.setText(line)
+        self._kernel_line = line
         self.kernel_label.setToolTip(line)
         self.kernel_label.setVisible(bool(line))
+        self._fit_kernels()  # with "", gives the model line its width back
+
+    def event(self, e: QEvent) -> bool:
+        # A badge shown, a resize: the kernels' line is fitted again to the room left.
+        if e.type() in (QEvent.LayoutRequest, QEvent.Resize) and self._kernel_line:
+            self._fit_kernels()
+        return super().event(e)
+
+    def _fit_kernels(self) -> None:
+        """Room for the kernels' line by holding the model line back (its maximum width), not
+        by a minimum of its own: a minimum would widen the window past a small screen and stop
+        it being made narrower. Where the whole line does not fit, its first clause does ("CPU
+        kernels compiling, about 26 s left"); the rest elides."""
+        label, line, model = self.kernel_label, self._kernel_line, self.model_label
+        if not line:
+            model.setMaximumWidth(QWIDGETSIZE_MAX)
+            return
+        free = self.width() - self._others_width()
+        margins = label.contentsMargins()  # the stylesheet's padding
+        pad = margins.left() + margins.right() + 4
+
+        def width(text: str) -> int:
+            return label.fontMetrics().horizontalAdvance(text) + pad
+
+        model_min = model.minimumSizeHint().width()
+        shown = line
+        if width(line) > min(free - model_min, int(self.width() * KERNEL_SHARE)):
+            shown = line.split(";")[0].replace(" in the background", "")
+        if label.text() != shown:
+            label.setText(shown)
+        cap = max(model_min, free - width(shown))
+        if model.maximumWidth() != cap:
+            model.setMaximumWidth(cap)
+
+    def _others_width(self) -> int:
+        """What the bar's visible widgets but these two take at their preferred widths."""
+        mine = (self.kernel_label, self.model_label)
+        others = [
+            w
+            for w in self.findChildren(QWidget, options=Qt.FindDirectChildrenOnly)
+            if w not in mine and w.isVisible()
+        ]
+        wanted = sum(max(w.minimumWidth(), w.sizeHint().width()) for w in others)
+        return wanted + 8 * (len(others) + 4)
 
     def show_state(self, engine_loaded: bool, replies_in_flight: int) -> None:
         self._engine_loaded, self._replies = engine_loaded, replies_in_flight
@@ -88,14 +144,14 @@ class EngineStatusBar(QStatusBar):
         running, waiting = self._sequences
         engine = f"{running} running, {waiting} waiting"
         if not self._engine_loaded:
-            self.state_label.setText("No model loaded")
+            self._set_state("No model loaded")
         elif self._replies:
             n = self._replies
-            self.state_label.setText(f"Generating {n} repl{'y' if n == 1 else 'ies'} · {engine}")
+            self._set_state(f"Generating {n} repl{'y' if n == 1 else 'ies'} · {engine}")
         elif running or waiting:  # simulated users (or replies just ending): not idle
-            self.state_label.setText(f"Serving requests · {engine}")
+            self._set_state(f"Serving requests · {engine}")
         else:
-            self.state_label.setText("Ready")
+            self._set_state("Ready")
 
     def show_pool(self, stats: dict) -> None:
         """Pool occupancy from llm.stats(): a contiguous engine's reservations count as held,
