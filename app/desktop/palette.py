@@ -9,10 +9,7 @@ before it tells them (`follow_theme`) to draw again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from PySide6.QtCore import QObject
 
 
 @dataclass(frozen=True)
@@ -151,24 +148,3 @@ def set_current(theme: str) -> Palette:
     """Called by the ThemeKeeper before it re-styles the application."""
     _current[0] = PALETTES[theme]
     return _current[0]
-
-
-class _Follower(QObject):
-    """Lives as a child of the widget it restyles, so the connection goes when the widget
-    does (PySide drops a connection to a bound method of a deleted QObject)."""
-
-    def __init__(self, owner: QObject, restyle: Callable[[Palette], None]) -> None:
-        super().__init__(owner)
-        self._restyle = restyle
-
-    def apply(self, palette: Palette) -> None:
-        self._restyle(palette)
-
-
-def follow_theme(owner: QObject, restyle: Callable[[Palette], None]) -> None:
-    """Call `restyle(palette)` now and after every change of theme, for as long as `owner`
-    lives."""
-    from app.desktop.theme import theme_keeper  # theme imports this module
-
-    restyle(current())
-    theme_keeper().changed.connect(_Follower(owner, restyle).apply)

@@ -6,12 +6,14 @@ app/desktop/palette.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
 from app.core.paths import ASSETS_DIR
-from app.desktop.palette import set_current
+from app.desktop.palette import Palette, current, set_current
 
 STYLESHEETS = {"dark": "style.qss", "light": "style_light.qss"}
 KEEPER_NAME = "themeKeeper"
@@ -70,3 +72,22 @@ def theme_keeper() -> ThemeKeeper:
     app = QApplication.instance()
     keeper = app.findChild(ThemeKeeper, KEEPER_NAME)
     return keeper if keeper is not None else ThemeKeeper(app)
+
+
+class _Follower(QObject):
+    """Lives as a child of the widget it restyles, so the connection goes when the widget
+    does (PySide drops a connection to a bound method of a deleted QObject)."""
+
+    def __init__(self, owner: QObject, restyle: Callable[[Palette], None]) -> None:
+        super().__init__(owner)
+        self._restyle = restyle
+
+    def apply(self, palette: Palette) -> None:
+        self._restyle(palette)
+
+
+def follow_theme(owner: QObject, restyle: Callable[[Palette], None]) -> None:
+    """Call `restyle(palette)` now and after every change of theme, for as long as `owner`
+    lives."""
+    restyle(current())
+    theme_keeper().changed.connect(_Follower(owner, restyle).apply)

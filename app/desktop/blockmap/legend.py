@@ -27,7 +27,8 @@ from PySide6.QtWidgets import (
 
 from app.desktop.blockmap import colors, raster
 from app.desktop.blockmap.glossary import TERMS
-from app.desktop.palette import Palette, follow_theme
+from app.desktop.palette import Palette
+from app.desktop.theme import follow_theme
 from engine.kv.snapshot import BlockState, KVSnapshot, PoolMetrics, SequenceInfo
 
 

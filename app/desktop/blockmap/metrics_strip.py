@@ -11,7 +11,8 @@ from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLay
 from app.desktop.blockmap import colors
 from app.desktop.blockmap.glossary import explain
 from app.desktop.blockmap.traffic import Memory
-from app.desktop.palette import DARK, Palette, current, follow_theme
+from app.desktop.palette import DARK, Palette, current
+from app.desktop.theme import follow_theme
 from engine.kv.snapshot import KVSnapshot, PoolMetrics
 
 

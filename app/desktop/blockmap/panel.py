@@ -28,7 +28,8 @@ from app.desktop.blockmap.metrics_strip import MetricsStrip, held_share, useful_
 from app.desktop.blockmap.time_plots import TimePlots
 from app.desktop.blockmap.tooltip import describe_block
 from app.desktop.blockmap.traffic import TrafficCounter, read_memory
-from app.desktop.palette import DARK, Palette, current, follow_theme
+from app.desktop.palette import DARK, Palette, current
+from app.desktop.theme import follow_theme
 from engine.kv.snapshot import BlockState, KVSnapshot, SequenceInfo
 
 

@@ -25,7 +25,8 @@ from PySide6.QtWidgets import (
 from app.desktop.chat.code_blocks import CODE_LANGUAGE, CodeBlock, code_blocks
 from app.desktop.chat.code_scroller import CodeScroller
 from app.desktop.chat.markdown import SafeDocument, render_markdown
-from app.desktop.palette import Palette, current, follow_theme
+from app.desktop.palette import Palette, current
+from app.desktop.theme import follow_theme
 
 LINK_SCHEMES = ("http", "https")
 

@@ -10,7 +10,8 @@ from PySide6.QtWidgets import QWidget
 from app.desktop.blockmap import colors
 from app.desktop.blockmap.plot_title import style_rolling_plot
 from app.desktop.blockmap.time_plots import HEADROOM, WINDOW_S, restyle_plot
-from app.desktop.palette import Palette, current, follow_theme
+from app.desktop.palette import Palette, current
+from app.desktop.theme import follow_theme
 
 PLOTS = (
     ("held", "Blocks held per replica (KV events) · seconds ago", 8.0),

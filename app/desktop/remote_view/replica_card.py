@@ -18,9 +18,10 @@ from PySide6.QtWidgets import (
 )
 
 from app.desktop.blockmap.metrics_strip import tile_style
-from app.desktop.palette import DARK, Palette, follow_theme
+from app.desktop.palette import DARK, Palette
 from app.desktop.remote_view.metric_tiles import TILES, tile_texts
 from app.desktop.remote_view.status_line import SEVERITY_HEX, StatusLine
+from app.desktop.theme import follow_theme
 
 
 def card_style(p: Palette) -> str:
