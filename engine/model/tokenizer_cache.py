@@ -5,7 +5,7 @@ takes several seconds for a 49k vocabulary (4 s of a first launch on the 2-core 
 loading the saved result takes a fraction of one.
 
 Two places are looked in, in order:
-- shipped: entries written at build time (`python -m engine.model.tokenizer_cache --write`, run
+- shipped: entries written at build time (`python -m engine.model.ship_tokenizer --write`, run
   by `make setup` and the installer build) into this package's `shipped_tokenizers/`. They are
   keyed by the GGUF's tokenizer content (its `tokenizer.*` metadata and architecture) and the
   transformers version, not by path or mtime: the install path differs from the build's. A
@@ -19,13 +19,11 @@ version that wrote them, which `make setup` pins at build time.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -123,7 +121,7 @@ def cached_tokenizer(
     if on_convert is not None:
         on_convert()
     tokenizer = convert()
-    _store(tokenizer, entry)
+    store_entry(tokenizer, entry)
     return tokenizer
 
 
@@ -138,7 +136,7 @@ def _load(entry: Path) -> PreTrainedTokenizerBase:
     return PreTrainedTokenizerFast.from_pretrained(str(entry), trust_remote_code=False)
 
 
-def _store(tokenizer: PreTrainedTokenizerBase, entry: Path, source: str = "") -> None:
+def store_entry(tokenizer: PreTrainedTokenizerBase, entry: Path, source: str = "") -> None:
     """Save into a temp folder, then rename it into place, so no reader sees half an entry."""
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -156,55 +154,3 @@ def _store(tokenizer: PreTrainedTokenizerBase, entry: Path, source: str = "") ->
         # Another process may have stored the same entry first; that one is as good as ours.
         if not (entry / MANIFEST).is_file():
             logger.warning("cannot cache the tokenizer in %s: %s", entry, e)
-
-
-def write_shipped(gguf_path: Path, root: Path | None = None) -> Path:
-    """Convert `gguf_path`'s tokenizer afresh into `root` (the shipped folder by default),
-    dropping the entries an earlier build wrote for the same file name; returns the entry."""
-    from engine.model.gguf_file import read_gguf
-    from engine.model.gguf_loader import convert_tokenizer
-
-    gguf_path = Path(gguf_path)
-    metadata = read_gguf(gguf_path).metadata
-    root = shipped_root() if root is None else root
-    entry = root / content_key(metadata)
-    if root.is_dir():
-        for old in root.iterdir():
-            if old != entry and _source_of(old) == gguf_path.name:
-                shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(entry, ignore_errors=True)
-    _store(convert_tokenizer(metadata, gguf_path), entry, gguf_path.name)
-    if not (entry / MANIFEST).is_file():
-        raise OSError(f"could not write the shipped tokenizer {entry}")
-    # mkdtemp made it private; an installed package is read by every user of the machine.
-    for path in (entry, *entry.iterdir()):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return entry
-
-
-def _source_of(entry: Path) -> str:
-    try:
-        return json.loads((entry / MANIFEST).read_text(encoding="utf-8")).get("source", "")
-    except (OSError, ValueError, AttributeError):
-        return ""
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m engine.model.tokenizer_cache",
-        description="Write the converted tokenizers the package ships (make setup runs this).",
-    )
-    parser.add_argument("--write", action="store_true", required=True)
-    parser.add_argument("gguf", nargs="*", type=Path, help="GGUF files (default: the bundled one)")
-    args = parser.parse_args(argv)
-    if not args.gguf:
-        from engine.model.loader import default_model_path
-
-        args.gguf = [default_model_path()]
-    for path in args.gguf:
-        print(f"shipped tokenizer for {path.name}: {write_shipped(path)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
