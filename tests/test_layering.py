@@ -24,7 +24,13 @@ ENGINE_PUBLIC: dict[str, set[str] | None] = {
     # The settings' thread row; the bench's thread sweep.
     "engine.cpu_threads": {"default_num_threads", "usable_cpus", "apply_num_threads"},
     "engine.planner": None,
-    "engine.cpu_kernels": {"prepare_cpu_kernels"},  # the worker's "compiling" status line
+    # The worker's CPU kernels: loaded when compiled, else compiled in the background.
+    "engine.cpu_kernels": {
+        "prepare_cpu_kernels",
+        "kernels_wanted",
+        "kernels_compiled",
+        "BackgroundCompile",
+    },
     "engine.device_memory": None,
     "engine.kv.snapshot": None,  # KVSnapshot and its parts, what the block map draws
     "engine.model.loader": {"load_model", "default_model_path", "LoadedModel"},
