@@ -22,6 +22,12 @@ def main() -> int:
     multiprocessing.freeze_support()
     if getattr(sys, "frozen", False):
         _prepare_frozen_runtime()
+    # The app's background compile of the CPU kernels runs this executable again with this flag
+    # (engine/cpu_kernels.compile_command): there is no `python -m` in a bundle.
+    if sys.argv[1:2] == ["--compile-cpu-kernels"]:
+        from engine.cpu_kernels import main as compile_main
+
+        return compile_main(["--compile", *sys.argv[2:]])
     from app.cli.main import main as cli_main
 
     return cli_main()

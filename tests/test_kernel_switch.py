@@ -150,3 +150,16 @@ def test_the_status_bar_line_is_readable_and_keeps_the_bar_narrow(qtbot, width):
     assert label.toolTip() == line
     bar.show_kernels("")
     assert not label.isVisible()
+
+
+def test_the_installed_app_runs_the_compile_itself(monkeypatch):
+    """A bundle has no `python -m`: its executable takes the flag (packaging/kvscope_main.py)."""
+    import sys
+    from pathlib import Path
+
+    from engine.cpu_kernels import FROZEN_FLAG, compile_command
+
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    assert compile_command(2) == [sys.executable, FROZEN_FLAG, "--threads", "2"]
+    entry = Path(__file__).parents[1] / "packaging" / "kvscope_main.py"
+    assert f'["{FROZEN_FLAG}"]' in entry.read_text()
