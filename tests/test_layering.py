@@ -35,6 +35,12 @@ ENGINE_PUBLIC: dict[str, set[str] | None] = {
     "engine.kv.snapshot": None,  # KVSnapshot and its parts, what the block map draws
     "engine.model.loader": {"load_model", "default_model_path", "LoadedModel"},
     "engine.model.model_config": {"ModelConfig"},  # what engine.planner.model_config returns
+    # The picker: a GGUF known by its magic (Ollama's blobs), and its header's name and type.
+    "engine.model.gguf_identity": {"is_gguf_file"},
+    "engine.model.gguf_summary": {"summarize_gguf", "GGUFSummary"},
+    # A base model's chats: whether its template is the plain transcript, and where it stops.
+    "engine.model.chat_templates": {"is_completion_template", "COMPLETION_STOP"},
+    "engine.host_memory": {"give_back_freed"},  # after a rebuild drops the old engine
     "engine.weight_fit": None,  # the weights' cost and fit before loading, for the dialog
     "engine.kv.replay": {"replay_events"},  # a recording back into snapshots
 }

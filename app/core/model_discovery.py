@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.ollama_models import ollama_models, ollama_models_dir
-from engine.model.gguf_identity import is_gguf_file, name_fields, quantization_label
+from engine.model.gguf_identity import is_gguf_file
 
 MAX_DEPTH = 6  # LM Studio: models/<publisher>/<repo>/<file>.gguf; a little room beyond
 MAX_FILES = 200
@@ -141,20 +141,15 @@ def _as_model(entry: os.DirEntry, source: str, seen: set[Path]) -> FoundModel | 
 
 def describe(path: Path) -> ModelSummary:
     """Name and quantization from the GGUF header; an unreadable file says why instead."""
-    from engine.model.gguf_file import read_gguf
-    from engine.model.gguf_loader import GGUFSource, gguf_config
+    from engine.model.gguf_summary import summarize_gguf
 
     try:
-        gguf_file = read_gguf(path)
-        gguf_config(gguf_file)  # a file the engine cannot size says why here, not at load
-        source = GGUFSource(gguf_file, {})
+        summary = summarize_gguf(path)
     except Exception as e:  # any file from anywhere: a row that says why, never a crash
         return ModelSummary(path.name, "", f"{type(e).__name__}: {e}")
-    metadata = gguf_file.metadata
-    label, why = quantization_label(metadata, source.shapes(), source.kinds())
-    names = name_fields(metadata)
-    details = "\n".join([f"Quantization: {why}", *(f"{k}: {v}" for k, v in names.items())])
-    return ModelSummary(names.get("general.name") or path.name, label, details=details)
+    fields = (f"{k}: {v}" for k, v in summary.names.items())
+    details = "\n".join([f"Quantization: {summary.why}", *fields])
+    return ModelSummary(summary.name, summary.quantization, details=details)
 
 
 # ---- recently opened models, kept in the data dir ---------------------------------------------
