@@ -89,6 +89,7 @@ SAVED_FILE = {
     },
     "overflow_policy": "stop",
     "theme": "system",
+    "wanted_max_model_len": None,
 }
 
 

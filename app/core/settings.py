@@ -2,7 +2,9 @@
 app/desktop/settings_dialog.py).
 
 `AppSettings.engine` holds the knobs that need an engine rebuild, `sampling` the defaults for new
-replies, `overflow_policy` what happens when a chat outgrows the context. Loading validates
+replies, `overflow_policy` what happens when a chat outgrows the context, `wanted_max_model_len`
+the length the user chose when the dialog had to lower it to a model's context (so a model that
+allows it gets it back, in a later dialog too, as the dialog's note promised). Loading validates
 every value once; a bad file raises ValueError naming the key, and the window falls back to
 defaults and says so.
 """
@@ -102,6 +104,9 @@ class AppSettings:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     overflow_policy: str = "stop"
     theme: str = "system"  # one of THEMES
+    # The user's max model length when it is over engine.max_model_len (lowered to fit the
+    # model's context); None when nothing was lowered. Not an engine knob: no rebuild.
+    wanted_max_model_len: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,7 +120,14 @@ class AppSettings:
         sampling = _dataclass_from(SamplingSettings, data.get("sampling", {}), "sampling")
         policy = data.get("overflow_policy", "stop")
         theme = data.get("theme", "system")
-        settings = cls(engine=engine, sampling=sampling, overflow_policy=policy, theme=theme)
+        wanted = data.get("wanted_max_model_len")
+        settings = cls(
+            engine=engine,
+            sampling=sampling,
+            overflow_policy=policy,
+            theme=theme,
+            wanted_max_model_len=wanted,
+        )
         settings.validate()
         return settings
 
@@ -128,6 +140,11 @@ class AppSettings:
             )
         if self.theme not in THEMES:
             raise ValueError(f"theme {self.theme!r} is not one of {THEMES}")
+        wanted = self.wanted_max_model_len
+        if wanted is not None and (
+            not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 1
+        ):
+            raise ValueError(f"wanted_max_model_len must be an int >= 1 or null, got {wanted!r}")
         if not isinstance(self.engine.kv_budget_mib, int) or self.engine.kv_budget_mib < 1:
             raise ValueError(
                 f"kv_budget_mib must be an int >= 1, got {self.engine.kv_budget_mib!r}"

@@ -76,7 +76,9 @@ class SettingsDialog(QDialog):
         )
         self.max_len = QSpinBox(minimum=0, maximum=1 << 20, value=es.max_model_len or 0)
         self.max_len.setSpecialValueText("model's own")  # 0 reads back as None
-        self._wanted_len = es.max_model_len  # what the user chose, before any model's clamp
+        # What the user chose, before any model's clamp: a length an earlier dialog lowered
+        # comes back from the settings, so a model that allows it gets it again.
+        self._wanted_len = _wanted_length(es.max_model_len, settings.wanted_max_model_len)
         self.context_note = QLabel(objectName="contextNote", wordWrap=True)
         self.max_seqs = QSpinBox(minimum=1, maximum=4096, value=es.max_num_seqs)
         self.prefix = QCheckBox("reuse cached prompt prefixes", checked=es.enable_prefix_caching)
@@ -147,8 +149,14 @@ class SettingsDialog(QDialog):
         return EngineSettings(model=self.picker.model_path(), **values)
 
     def result_settings(self) -> AppSettings:
+        engine = self.engine_settings()
+        wanted, applied = self._wanted_len, engine.max_model_len
         return replace(
-            self._base, engine=self.engine_settings(), overflow_policy=self.policy.currentData()
+            self._base,
+            engine=engine,
+            overflow_policy=self.policy.currentData(),
+            # Kept only while the model's context holds the applied length below it.
+            wanted_max_model_len=wanted if wanted and applied and wanted > applied else None,
         )
 
     def problems(self) -> list[str]:
@@ -229,6 +237,14 @@ def _freed_bytes(running: EngineInfo | None) -> int:
     if running.device == "cpu":
         kv = min(kv, running.settings.kv_budget_mib << 20)
     return running.weight_bytes + kv
+
+
+def _wanted_length(applied: int | None, wanted: int | None) -> int | None:
+    """The user's own max model length: the saved one a clamp lowered, when it is over the
+    applied one (a stale or hand-edited value under it is not a choice the clamp made)."""
+    if wanted is not None and applied is not None and wanted > applied:
+        return wanted
+    return applied
 
 
 def _combo(items: tuple, current: object) -> QComboBox:
