@@ -128,8 +128,29 @@ def test_the_load_panel_is_two_short_columns_when_wide_and_one_when_narrow(make_
 
 
 def test_the_first_size_fits_the_screen_it_opens_on():
-    from app.desktop.window import initial_size
+    from app.desktop.window_geometry import initial_size
 
     assert initial_size(QRect(0, 0, 1920, 1050)) == DEFAULT
     # A 1024x768 screen less a panel: the window opens inside it, not 1400 wide and cut off.
     assert initial_size(QRect(0, 0, 1024, 700)) == SMALL
+
+
+def test_a_narrow_window_gives_the_chat_column_room_to_read():
+    from app.desktop.window_geometry import first_sizes
+
+    # At 1024 px the list gives up its spare width; the map keeps its minimum.
+    assert first_sizes(1024, 131, 524) == [131, 369, 524]
+    assert first_sizes(1400, 131, 524) == [190, 447, 763]  # 37% of the rest, as before
+    # Where the map's minimum leaves less than the share, the share wins (never below it).
+    assert first_sizes(1000, 131, 800)[1] == int((1000 - 131) * 0.37)
+
+
+def test_the_first_layout_at_1024_px_keeps_the_map_whole(make_window, qtbot):
+    window = make_window()
+    _settle(qtbot, window, SMALL, False)
+    window.splitter.setSizes(window._first_sizes())
+    qtbot.wait(50)
+    listed, chat, shown_map = window.splitter.sizes()
+    assert chat >= 360, window.splitter.sizes()  # was 282: the chat's title elided to "Na…"
+    assert shown_map >= window.map_tabs.minimumSizeHint().width()
+    assert listed + chat + shown_map <= SMALL[0]

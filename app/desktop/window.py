@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from PySide6.QtCore import QRect, Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
@@ -39,20 +39,10 @@ from app.desktop.server_controls import ServerControls
 from app.desktop.settings_dialog import SettingsDialog
 from app.desktop.status_bar import EngineStatusBar
 from app.desktop.theme import theme_keeper
+from app.desktop.window_geometry import first_sizes, initial_size
 from app.desktop.window_menu import add_engine_actions, build_menus
 from app.remote.connection import Connection
 from app.remote.connections_qt import ConnectionList
-
-CONVERSATION_LIST_WIDTH = 190
-
-
-DEFAULT_SIZE = (1400, 860)
-
-
-def initial_size(available: QRect) -> tuple[int, int]:
-    """1400x860, or the screen's free area where that is smaller: without a window manager (or
-    with one that keeps the requested size) a 1024x700 screen would cut the window off."""
-    return min(DEFAULT_SIZE[0], available.width()), min(DEFAULT_SIZE[1], available.height())
 
 
 class MainWindow(QMainWindow):
@@ -359,8 +349,14 @@ class MainWindow(QMainWindow):
         super().showEvent(event)
         if not self._sized:  # before the first show the splitter would redistribute them
             self._sized = True
-            rest = self.width() - CONVERSATION_LIST_WIDTH
-            self.splitter.setSizes([CONVERSATION_LIST_WIDTH, int(rest * 0.37), int(rest * 0.63)])
+            self.splitter.setSizes(self._first_sizes())
+
+    def _first_sizes(self) -> list[int]:
+        return first_sizes(
+            self.width(),
+            self.conversations.minimumSizeHint().width(),
+            self.map_tabs.minimumSizeHint().width(),
+        )
 
     def confirm_quit(self) -> bool:
         """True when nothing is generating, or the user agrees to stop the replies in flight."""
