@@ -131,6 +131,7 @@ class LoadGeneratorPanel(QWidget):
         self.stop = QPushButton("Stop")
         self.status = QLabel("")
         self.status.setWordWrap(True)
+        self.status.hide()  # an empty line would still take its height from the block maps
         self.start.clicked.connect(self._on_start)
         self.stop.clicked.connect(self._on_stop)
 
@@ -274,6 +275,7 @@ class LoadGeneratorPanel(QWidget):
 
     def set_status(self, text: str) -> None:
         self.status.setText(text)
+        self.status.setVisible(bool(text))
 
     def _on_start(self) -> None:
         try:
