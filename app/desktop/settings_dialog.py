@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from dataclasses import replace
 
-from PySide6.QtCore import SignalInstance
+from PySide6.QtCore import Qt, SignalInstance
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -60,6 +60,10 @@ class SettingsDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Model and engine settings")
         self.setObjectName("settingsDialog")
+        # Freed once closed: the window is its parent and its accepted slot a lambda over it,
+        # so a closed dialog stayed alive (with its picker's header copies) until the window.
+        # accepted/finished still reach their slots first: the deletion is deferred.
+        self.setAttribute(Qt.WA_DeleteOnClose)
         self._base = settings
         self._freed_bytes = _freed_bytes(running)
         self._failure = failed[1] if failed else ""
