@@ -3,9 +3,11 @@
 It reads only the model's headers (a GGUF header or config.json and safetensors headers, no
 weights) and asks the planner what the chosen engine settings give: the weights in the form the
 engine will keep them (format, bytes, the load peak, against the memory that is free), KV bytes
-per token, blocks and tokens in the pool. Below the path it lists the GGUF files already on
-this computer (app/core/found_models.py), so a model from LM Studio, GPT4All or Ollama is one
-click away. Browse… takes a .gguf or an Ollama blob (hash-named, no suffix: GGUF by its magic).
+per token, blocks and tokens in the pool. The headers are cached per version of the file
+(app/core/model_headers.py): a reopen reads nothing. Below the path it lists the GGUF files
+already on this computer (app/core/found_models.py), so a model from LM Studio, GPT4All or
+Ollama is one click away. Browse… takes a .gguf or an Ollama blob (hash-named, no suffix: GGUF
+by its magic).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from PySide6.QtWidgets import (
 
 from app.core import model_discovery, paths
 from app.core.found_models import FoundModelsList
+from app.core.model_headers import read_headers
 from app.core.ollama_models import name_of_blob
 from app.core.pool_fit import prediction_line
 from app.core.pool_sentence import block_sentence, pool_figures, pool_sentence
@@ -134,8 +137,8 @@ class ModelPicker(QGroupBox):
             self.info.setText("Choose a file or folder.")
         else:
             try:
-                self._config = planner.model_config(self.model_path())
-                self._header = planner.weights_header(self.model_path())
+                # Cached per file version: a reopen or a switch back reads nothing.
+                self._config, self._header = read_headers(self.model_path())
             except Exception as e:  # any unreadable file: say why, keep the dialog usable
                 self.info.setText("")
                 self.error.setText(f"Cannot read this model: {type(e).__name__}: {e}")
