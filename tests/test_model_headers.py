@@ -117,3 +117,13 @@ def test_a_prefetch_leaves_the_first_open_nothing_to_read(qtbot, tmp_path, reads
     with caplog.at_level(logging.INFO, logger="app.core.model_headers"):
         model_headers.prefetch(str(tmp_path / "gone.gguf")).join(timeout=60)
     assert "prefetching the headers of" in caplog.text and "gone.gguf" in caplog.text
+
+
+def test_the_window_prefetches_its_engine_model_for_the_dialog(make_window, qtbot, reads):
+    window = make_window()  # the bundled model
+    qtbot.waitUntil(lambda: model_headers.cached(None), timeout=60_000)
+    assert reads == {"model_config": 1, "weights_header": 1}
+    dialog = window.open_settings()
+    assert "Context length: 8,192 tokens" in dialog.picker.info.text()
+    assert reads == {"model_config": 1, "weights_header": 1}  # the first open read nothing
+    dialog.reject()

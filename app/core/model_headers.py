@@ -58,6 +58,16 @@ def read_headers(model: str | os.PathLike | None) -> Headers:
     return config, header
 
 
+def cached(model: str | os.PathLike | None) -> bool:
+    """Whether `model`'s headers, as its files are now, would be read from the cache."""
+    try:
+        key = _key(model)
+    except OSError:
+        return False
+    with _lock:
+        return key in _cache
+
+
 def prefetch(model: str | os.PathLike | None) -> threading.Thread:
     """Read `model`'s headers into the cache on a daemon thread (returned, started). A failure
     is logged and left for the dialog, which reads again and says why."""

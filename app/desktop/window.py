@@ -24,6 +24,7 @@ from app.core.chat_recovery import open_chat_store
 from app.core.chat_store import default_store_path
 from app.core.engine_messages import EngineInfo, Telemetry
 from app.core.model_discovery import remember_model
+from app.core.model_headers import prefetch as prefetch_headers
 from app.core.paths import data_dir
 from app.core.request_ids import conversation_of_group, group_of
 from app.core.settings import AppSettings, load_settings, save_settings, settings_path
@@ -247,6 +248,7 @@ class MainWindow(QMainWindow):
         self.settings.engine = info.settings
         if info.settings.model:  # the model picker lists it under Recent
             remember_model(data_dir(), info.settings.model)
+        prefetch_headers(info.settings.model)  # the settings dialog then opens reading nothing
         self.status.show_engine(info)
         self.loadgen_panel.set_engine_info(info)  # lengths within this context, preset sized
         self._update_state()
