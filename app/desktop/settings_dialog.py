@@ -4,7 +4,9 @@ The settings themselves (records, JSON, validation) are app/core/settings.py; th
 their dialog, with the model picker and a live prediction of what the engine will hold.
 Apply refuses what would fail the build (app/core/build_check.py), with the value and the
 limit, since a failed rebuild costs the running engine and says so only afterwards; the max
-model length is clamped to the chosen model's context and says so. When a rebuild failed
+model length is clamped to the chosen model's context and says so, and the user's own length
+comes back for a model that allows it (saved as AppSettings.wanted_max_model_len, so in a later
+dialog too). A closed dialog deletes itself. When a rebuild failed
 anyway, the window reopens the dialog on the settings that failed, not on the ones restored.
 """
 
