@@ -44,6 +44,13 @@ class Palette:
     code_header: str
     code_header_text: str
     inline_code: str
+    well: str  # lists and tables on the ground (the prefix tree, the routing table)
+    best_row: str  # the routing table's best replica
+    on_bar: str  # a count written on a replica's coloured bar
+    card: tuple[str, str, str]  # the block map's hover card: background (css), text, border
+    card_aside: str  # the card's asides (pool, seq, ref count)
+    card_emphasis: str  # the card's "shared by" line and token text
+    error: str  # error text on the ground
     code_kinds: dict[str, str] = field(default_factory=dict)  # highlight kind -> colour
 
 
@@ -78,6 +85,13 @@ DARK = Palette(
     code_header="#262C36",
     code_header_text="#8B949E",
     inline_code="#2A3140",
+    well="#15171C",
+    best_row="#23402F",
+    on_bar="#101216",  # the dark map's hues are light
+    card=("rgba(16, 18, 23, 238)", "#E8EAED", "#4A5060"),
+    card_aside="#9AA3B2",
+    card_emphasis="#F0E6C8",
+    error="#E8354F",
     # GitHub's dark palette, readable on code_background.
     code_kinds={
         "keyword": "#FF7B72",
@@ -122,6 +136,13 @@ LIGHT = Palette(
     code_header="#E7EBF0",
     code_header_text="#57606A",
     inline_code="#E6E9EF",
+    well="#FFFFFF",
+    best_row="#D3EEDD",
+    on_bar="#FFFFFF",  # the light map's hues are darkened to 3:1 on white
+    card=("rgba(255, 255, 255, 245)", "#1F2430", "#B8BEC9"),
+    card_aside="#5A6272",
+    card_emphasis="#7A4B00",
+    error="#C62839",
     # GitHub's light palette, readable on code_background.
     code_kinds={
         "keyword": "#CF222E",

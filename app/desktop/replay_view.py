@@ -8,6 +8,7 @@ slider grows as steps arrive, so a long session never freezes the window. A file
 anywhere: one too big to view is refused before it is read, the steps kept are capped by count
 and memory, and a damaged or hostile file ends in a message, never a crash. Play steps through
 on a timer at the chosen speed (steps a second) and pauses at the last step read, or on a click.
+It wears the block map panel's sheet in the theme on show and follows a switch (`follow_theme`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from PySide6.QtWidgets import (
 
 from app.desktop.blockmap.block_map import BlockMapView
 from app.desktop.blockmap.legend import StateKey
-from app.desktop.blockmap.panel import CAPTION_STYLE, PANEL_STYLE, paged_caption, shadow_caption
+from app.desktop.blockmap.panel import caption_style, paged_caption, panel_style, shadow_caption
+from app.desktop.palette import Palette, current
+from app.desktop.theme import follow_theme
 from engine.kv.replay import replay_events
 from engine.kv.snapshot import KVSnapshot
 
@@ -129,7 +132,6 @@ class ReplayDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle(f"Replay: {path.name}")
         self.setObjectName("blockMapPanel")
-        self.setStyleSheet(PANEL_STYLE)
         self.resize(1100, 680)
         self.path = path
         self.loader = ReplayLoader(path)
@@ -149,9 +151,7 @@ class ReplayDialog(QDialog):
         self._player = QTimer(self)
         self._player.timeout.connect(self.advance)
         self.about = QLabel(_about(path, header), wordWrap=True, objectName="replayAbout")
-        self.about.setStyleSheet(CAPTION_STYLE)
         self.step_label = QLabel("Reading the recording…", objectName="replayStep")
-        self.step_label.setStyleSheet(CAPTION_STYLE)
         self.error = QLabel(wordWrap=True, objectName="errorText")
         self.error.setVisible(False)
         self.error_box: QMessageBox | None = None
@@ -193,6 +193,16 @@ class ReplayDialog(QDialog):
         self._poll = QTimer(self, interval=POLL_MS)
         self._poll.timeout.connect(self.poll)
         self._poll.start()
+        follow_theme(self, self._restyle)
+
+    def _restyle(self, palette: Palette) -> None:
+        """The panel's sheet and captions in the theme's colours; the step's captions again
+        (their series colours are the theme's; the maps redraw themselves)."""
+        self.setStyleSheet(panel_style(palette))
+        for label in (self.about, self.step_label, self.paged_caption, self.shadow_caption):
+            label.setStyleSheet(caption_style(palette))
+        if self.num_steps():
+            self.show_step(self.slider.value())
 
     def num_steps(self) -> int:
         return self.slider.maximum() + 1 if self.slider.isEnabled() else 0
@@ -302,7 +312,7 @@ def _about(path: Path, header: dict) -> str:
 
 def _caption() -> QLabel:
     label = QLabel(textFormat=Qt.TextFormat.RichText, wordWrap=True)
-    label.setStyleSheet(CAPTION_STYLE)
+    label.setStyleSheet(caption_style(current()))  # before its height is taken from its font
     label.setFixedHeight(3 * label.fontMetrics().lineSpacing() + 4)
     return label
 

@@ -4,7 +4,8 @@ The image is rebuilt from the snapshot's arrays (raster.py) on each new snapshot
 columns follow the view's shape so cells stay square and the pool fills the view. Zoom with the
 wheel, pan by dragging; the pointer's image coordinates give the block under it. The hover
 card is a top-level tooltip window placed at the pointer on screen, so the map's edges never
-clip it.
+clip it. The map's ground, its cells and the card follow the theme (ThemeKeeper.changed): the
+block map panel and the replay window both show them.
 """
 
 from __future__ import annotations
@@ -18,12 +19,17 @@ from PySide6.QtCore import QPoint, QPointF, QRectF, Qt, Signal
 from PySide6.QtWidgets import QLabel, QWidget
 
 from app.desktop.blockmap import colors, raster
+from app.desktop.palette import Palette, current
+from app.desktop.theme import theme_keeper
 from engine.kv.snapshot import KVSnapshot
 
-HOVER_STYLE = (
-    "QLabel { background: rgba(16, 18, 23, 238); color: #E8EAED; border: 1px solid #4A5060;"
-    " border-radius: 4px; padding: 6px 8px; }"
-)
+
+def hover_style(p: Palette) -> str:
+    background, text, border = p.card
+    return (
+        f"QLabel {{ background: {background}; color: {text}; border: 1px solid {border};"
+        " border-radius: 4px; padding: 6px 8px; }"
+    )
 
 
 class BlockMapView(pg.GraphicsView):
@@ -45,7 +51,6 @@ class BlockMapView(pg.GraphicsView):
         self.last_build_ms = 0.0  # RGBA build + setImage of the latest redraw
         # A tooltip window of its own (owned by the view): a child label would be clipped.
         self.hover_label = QLabel(self, Qt.WindowType.ToolTip)
-        self.hover_label.setStyleSheet(HOVER_STYLE)
         self.hover_label.setTextFormat(Qt.TextFormat.RichText)
         self.hover_label.setWordWrap(True)
         self.hover_label.setMaximumWidth(380)
@@ -56,6 +61,16 @@ class BlockMapView(pg.GraphicsView):
         self.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.scene().sigMouseClicked.connect(self._on_mouse_clicked)
         self.view.sigRangeChangedManually.connect(self._on_user_range)
+        # The view's own bound method, not follow_theme's child follower: with one, pyqtgraph's
+        # close() (setViewport(None)) crashed a shown view (tests/test_blockmap.py, 100k).
+        self._restyle(current())
+        theme_keeper().changed.connect(self._restyle)
+
+    def _restyle(self, palette: Palette) -> None:
+        """The theme's ground, card and cell colours (raster.py reads the theme on show)."""
+        self.setBackground(colors.active().background_hex)
+        self.hover_label.setStyleSheet(hover_style(palette))
+        self._redraw()
 
     # ---- content ---------------------------------------------------------------------------
     def set_snapshot(

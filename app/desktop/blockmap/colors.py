@@ -188,3 +188,12 @@ def group_hex(group: str) -> str:
 def css(packed: int) -> str:
     r, g, b, _a = (int(v) for v in unpack(np.uint32(packed)))
     return f"#{r:02X}{g:02X}{b:02X}"
+
+
+def themed_hex(color: str) -> str:
+    """A palette hue as the theme on show draws it (the light theme darkens each to read on
+    white); other colours unchanged. Replicas keep a dark-palette hue for the session."""
+    upper = color.upper()
+    if upper in PALETTE_HEX:
+        return active().palette_hex[PALETTE_HEX.index(upper)]
+    return color

@@ -1,4 +1,5 @@
-"""What the hover card says about one physical block (rich text for a QLabel)."""
+"""What the hover card says about one physical block (rich text for a QLabel), in the colours of
+the theme on show (app/desktop/palette.py): the card is drawn again on every hover."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from html import escape
 from app.core.request_ids import LOAD_PREFIX, conversation_of_group, group_of
 from app.desktop.blockmap import colors
 from app.desktop.blockmap.kv_groups import group_name, has_windows
+from app.desktop.palette import current
 from engine.kv.snapshot import BlockState, KVSnapshot
 
 MAX_TEXT_CHARS = 240
@@ -54,7 +56,7 @@ def _shown_text(text: str) -> str:
     """Token text as it should read in one card: whitespace made visible, long text cut."""
     if len(text) > MAX_TEXT_CHARS:
         text = text[: MAX_TEXT_CHARS - 1] + "…"
-    shown = escape(text).replace("\n", "<span style='color:#7A8290'>⏎</span>")
+    shown = escape(text).replace("\n", f"<span style='color:{current().faint}'>⏎</span>")
     return shown.replace("\t", "→").replace("  ", " &nbsp;")
 
 
@@ -68,10 +70,11 @@ def describe_block(
     """Hover card for `block`. `info` is the provider's answer (text, token_ids), None while it
     is on its way; `holds_tokens` is False for the shadow allocator, which keeps no K/V."""
     labels = labels or {}
+    aside, emphasis = current().card_aside, current().card_emphasis
     state = int(snapshot.state[block])
     bs = snapshot.block_size
     lines = [
-        f"<b>Block {block}</b> &nbsp;<span style='color:#9AA3B2'>{escape(snapshot.allocator)}"
+        f"<b>Block {block}</b> &nbsp;<span style='color:{aside}'>{escape(snapshot.allocator)}"
         f" pool</span>",
         f"state: {STATE_NAMES.get(state, f'unknown ({state})')}",
     ]
@@ -82,7 +85,7 @@ def describe_block(
         name = escape(request_id) + (f" — {escape(label)}" if label else "")
         lines.append(
             f"<span style='color:{colors.group_hex(group)}'>■</span> {name}"
-            f" <span style='color:#9AA3B2'>(seq {seq_id}, logical block {index})</span>"
+            f" <span style='color:{aside}'>(seq {seq_id}, logical block {index})</span>"
         )
     if len(owners) > 6:
         lines.append(f"… and {len(owners) - 6} more sequences")
@@ -91,8 +94,8 @@ def describe_block(
         who = sharers([request_id for request_id, _, _ in owners])
         of_whom = f" of {who}" if who else ""
         lines.append(
-            f"<b style='color:#F0E6C8'>shared by {ref} sequences{of_whom}</b>"
-            f" <span style='color:#9AA3B2'>(ref count {ref}; drawn in the first owner's"
+            f"<b style='color:{emphasis}'>shared by {ref} sequences{of_whom}</b>"
+            f" <span style='color:{aside}'>(ref count {ref}; drawn in the first owner's"
             " colour, with a ring)</span>"
         )
     else:
@@ -106,21 +109,22 @@ def describe_block(
         reuse = "reusable by a later request" if state == BlockState.CACHED else "full block"
         lines.append(f"hashed prefix block ({reuse})")
     if not holds_tokens:
-        lines.append("<i style='color:#9AA3B2'>bookkeeping only: the shadow keeps no K/V</i>")
+        lines.append(f"<i style='color:{aside}'>bookkeeping only: the shadow keeps no K/V</i>")
     elif state in (BlockState.USED, BlockState.CACHED):
         lines.append(_info_line(info))
     return "<br>".join(lines)
 
 
 def _info_line(info: dict | None) -> str:
+    p = current()
     if info is None:
-        return "<i style='color:#9AA3B2'>reading its tokens…</i>"
+        return f"<i style='color:{p.card_aside}'>reading its tokens…</i>"
     if info.get("error"):
-        return f"<i style='color:#E8354F'>{escape(str(info['error']))}</i>"
+        return f"<i style='color:{p.error}'>{escape(str(info['error']))}</i>"
     text = info.get("text") or ""
     count = len(info.get("token_ids") or ())
     body = _shown_text(text) if text else "<i>(no text)</i>"
     return (
-        f"<span style='color:#9AA3B2'>{count} tokens:</span><br>"
-        f"<span style='font-family:monospace; color:#F0E6C8'>{body}</span>"
+        f"<span style='color:{p.card_aside}'>{count} tokens:</span><br>"
+        f"<span style='font-family:monospace; color:{p.card_emphasis}'>{body}</span>"
     )

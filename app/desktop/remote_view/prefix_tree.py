@@ -5,7 +5,8 @@ its length growing with the log of the block count so a 2-block branch stays vis
 1000-block prompt; then the text the run holds (detokenized when a detokenizer is set, token
 ids otherwise). Hovering a row shows the run in a tooltip, selecting it shows it whole in the
 detail box under the tree. Rebuilt only when a cache changed; expansion and selection are
-kept by the runs' content paths."""
+kept by the runs' content paths. Its sheet, bars and text follow the theme (`follow_theme`): a
+replica's hue is drawn as the theme on show draws it (blockmap/colors.py `themed_hex`)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ from PySide6.QtWidgets import (
     QTreeWidgetItem,
 )
 
+from app.desktop.blockmap.colors import themed_hex
+from app.desktop.palette import Palette, current
 from app.desktop.remote_view.merged_tree import TreeRun
+from app.desktop.theme import follow_theme
 
 Detokenizer = Callable[[list[int]], str]
 RUN_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -35,15 +39,20 @@ PREVIEW_CHARS = 140
 PREVIEW_TOKENS = 64
 MAX_ROWS = 2000  # past this the tree says how many runs it left out; a router's cache is big
 EXPAND_BELOW = 400  # expand everything when the tree has fewer runs than this
-TREE_STYLE = (
-    "QTreeWidget { background: #15171C; border: 1px solid #2C313B; color: #D5D9E0;"
-    " font-size: 11px; }"
-    " QTreeWidget::item { padding: 1px 0; }"
-    " QTreeWidget::item:selected { background: #2A2F39; }"
-    " QTreeWidget::item:hover { background: #1F232B; }"
-    " QHeaderView::section { background: #1D2027; color: #8C94A3; border: none;"
-    " border-bottom: 1px solid #2C313B; padding: 2px 6px; font-size: 10px; font-weight: bold; }"
-)
+
+
+def tree_style(p: Palette) -> str:
+    """The tree's own sheet (the remote view's would paint it the ground's colour)."""
+    return (
+        f"QTreeWidget {{ background: {p.well}; border: 1px solid {p.border}; color: {p.text};"
+        " font-size: 11px; }"
+        " QTreeWidget::item { padding: 1px 0; }"
+        f" QTreeWidget::item:selected {{ background: {p.selected}; color: {p.strong}; }}"
+        f" QTreeWidget::item:hover {{ background: {p.hover}; }}"
+        f" QHeaderView::section {{ background: {p.surface}; color: {p.muted}; border: none;"
+        f" border-bottom: 1px solid {p.border}; padding: 2px 6px; font-size: 10px;"
+        " font-weight: bold; }"
+    )
 
 
 def token_text(tokens: tuple[int, ...], detokenize: Detokenizer | None) -> str:
@@ -96,11 +105,11 @@ class _BarDelegate(QStyledItemDelegate):
         for i, replica in enumerate(stripes):
             top = bar.top() + i * bar.height() // len(stripes)
             bottom = bar.top() + (i + 1) * bar.height() // len(stripes)
-            color = QColor(self.view.color_of(replica))
+            color = QColor(themed_hex(self.view.color_of(replica)))
             if run.orphan:
                 color.setAlpha(130)  # its start is unknown: drawn fainter
             painter.fillRect(QRect(bar.left(), top, bar.width(), bottom - top), color)
-        painter.setPen(QColor("#101216"))
+        painter.setPen(QColor(current().on_bar))
         label = f"{run.blocks:,} block" + ("" if run.blocks == 1 else "s")
         painter.drawText(bar.adjusted(4, 0, 0, 0), Qt.AlignmentFlag.AlignVCenter, label)
         painter.restore()
@@ -123,7 +132,6 @@ class PrefixTreeView(QTreeWidget):
         self.roots: list[TreeRun] = []
         self.rows_left_out = 0
         self._known: set[tuple] = set()  # run keys shown last time (new ones may auto-expand)
-        self.setStyleSheet(TREE_STYLE)
         self.setColumnCount(3)
         self.setHeaderLabels(["BLOCKS", "HELD BY", "TOKENS"])
         self.setItemDelegateForColumn(0, _BarDelegate(self))
@@ -137,6 +145,16 @@ class PrefixTreeView(QTreeWidget):
         header.resizeSection(0, BAR_MAX_PX + 60)
         header.resizeSection(1, 110)
         self.currentItemChanged.connect(self._on_current)
+        follow_theme(self, self._restyle)
+
+    def _restyle(self, palette: Palette) -> None:
+        """The theme's sheet; the rows' replica colours drawn again in the theme's hues."""
+        self.setStyleSheet(tree_style(palette))
+        for item in self.items():
+            run = item.data(0, RUN_ROLE)
+            if run.replicas:
+                item.setForeground(1, QColor(themed_hex(self.color_of(run.replicas[0]))))
+        self.viewport().update()
 
     def set_detokenizer(self, fn: Detokenizer | None) -> None:
         self.detokenize = fn
@@ -212,7 +230,7 @@ class PrefixTreeView(QTreeWidget):
         item = QTreeWidgetItem(["", ", ".join(run.replicas), _one_line(text)])
         item.setData(0, RUN_ROLE, run)
         if run.replicas:
-            item.setForeground(1, QColor(self.color_of(run.replicas[0])))
+            item.setForeground(1, QColor(themed_hex(self.color_of(run.replicas[0]))))
         return item
 
     def describe(self, run: TreeRun, max_chars: int = 600, text: str | None = None) -> str:
@@ -224,7 +242,8 @@ class PrefixTreeView(QTreeWidget):
         if len(text) > max_chars:
             text = text[: max_chars - 1] + "…"
         who = ", ".join(
-            f"<span style='color:{self.color_of(r)}'>■</span> {escape(r)}" for r in run.replicas
+            f"<span style='color:{themed_hex(self.color_of(r))}'>■</span> {escape(r)}"
+            for r in run.replicas
         )
         start = (
             "parent not held (stored before we listened, or evicted)"
@@ -236,7 +255,7 @@ class PrefixTreeView(QTreeWidget):
         kind = "text" if decoded else "token ids"
         return (
             f"<b>{run.blocks:,} blocks</b> ({len(run.token_ids):,} tokens), {start}{more}<br>"
-            f"held by {who or 'no one'}<br><span style='color:#8C94A3'>{kind}:</span> "
+            f"held by {who or 'no one'}<br><span style='color:{current().muted}'>{kind}:</span> "
             f"{escape(text).replace(chr(10), '⏎')}"
         )
 

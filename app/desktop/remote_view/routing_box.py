@@ -4,7 +4,8 @@ each replica already hold?
 "Check" tokenizes the prompt on every replica (each server's own chat template and
 tokenizer: POST /tokenize), each call in a worker thread, then asks app/remote/routing.py to
 count the leading blocks each replica holds (by vLLM's block hashes where they can be
-reproduced, else by the events' token ids) and shows one row per replica, the best lit."""
+reproduced, else by the events' token ids) and shows one row per replica, the best lit. The
+table, its best row and the captions follow the theme (`follow_theme`)."""
 
 from __future__ import annotations
 
@@ -26,17 +27,24 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.desktop.blockmap.colors import themed_hex
+from app.desktop.palette import DARK, Palette, current
+from app.desktop.theme import follow_theme
 from app.remote.connection import Connection
 
 # tokenize(connection, model or None, chat messages) -> the token ids that server makes of them
 Tokenize = Callable[[Connection, str | None, list[dict]], list[int]]
-TABLE_STYLE = (
-    "QTableWidget { background: #15171C; border: 1px solid #2C313B; color: #D5D9E0;"
-    " font-size: 11px; gridline-color: #22262E; }"
-    " QHeaderView::section { background: #1D2027; color: #8C94A3; border: none;"
-    " padding: 2px 6px; font-size: 10px; font-weight: bold; }"
-)
-BEST_BACKGROUND = "#23402F"
+
+
+def table_style(p: Palette) -> str:
+    return (
+        f"QTableWidget {{ background: {p.well}; border: 1px solid {p.border}; color: {p.text};"
+        f" font-size: 11px; gridline-color: {p.handle}; }}"
+        f" QHeaderView::section {{ background: {p.surface}; color: {p.muted}; border: none;"
+        " padding: 2px 6px; font-size: 10px; font-weight: bold; }"
+    )
+
+
 COLUMNS = ("REPLICA", "BLOCKS HELD", "TOKENS HELD", "METHOD")
 
 
@@ -68,7 +76,7 @@ class RoutingBox(QWidget):
         self.replicas: Callable[[], dict[str, tuple[Connection, str | None]]] = dict
         # Called with every replica's token ids once all answered -> the RouteHits, best first.
         self.predict: Callable[[dict[str, list[int]]], list] = lambda _ids: []
-        self.color_of: Callable[[str], str] = lambda _r: "#C9CED6"
+        self.color_of: Callable[[str], str] = lambda _r: DARK.text
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvscope-tokenize")
         self._bridge = _Bridge(self)
         self._bridge.answered.connect(self._on_answer)
@@ -79,8 +87,9 @@ class RoutingBox(QWidget):
         self._errors: dict[str, str] = {}
         self.hits: list = []
 
-        title = QLabel("<b>Routing</b>: which replica holds most of a new prompt?", wordWrap=True)
-        title.setStyleSheet("color: #C9CED6; font-size: 11px;")
+        self.title = QLabel(
+            "<b>Routing</b>: which replica holds most of a new prompt?", wordWrap=True
+        )
         self.system = QLineEdit(placeholderText="system prompt (optional)")
         self.prompt = QLineEdit(placeholderText="a new prompt (the user's message)")
         self.system.returnPressed.connect(self.check)
@@ -93,7 +102,6 @@ class RoutingBox(QWidget):
         row.addWidget(self.button)
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.setStyleSheet(TABLE_STYLE)
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
@@ -103,15 +111,22 @@ class RoutingBox(QWidget):
             "Tokenized by each server (/tokenize); blocks counted from the start of the prompt.",
             wordWrap=True,
         )
-        self.note.setStyleSheet("color: #8C94A3; font-size: 10px;")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 4, 0, 0)
         layout.setSpacing(4)
-        layout.addWidget(title)
+        layout.addWidget(self.title)
         layout.addWidget(self.system)
         layout.addLayout(row)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.note)
+        follow_theme(self, self._restyle)
+
+    def _restyle(self, palette: Palette) -> None:
+        self.title.setStyleSheet(f"color: {palette.text}; font-size: 11px;")
+        self.note.setStyleSheet(f"color: {palette.muted}; font-size: 10px;")
+        self.table.setStyleSheet(table_style(palette))
+        if self.hits or self._errors:
+            self._show(self.hits)  # the rows' replica colours and the best row, in the theme's
 
     def messages(self) -> list[dict]:
         system = self.system.text().strip()
@@ -189,9 +204,9 @@ class RoutingBox(QWidget):
                 item = QTableWidgetItem(text)
                 item.setToolTip(text)
                 if j == 0:
-                    item.setForeground(QColor(self.color_of(replica)))
+                    item.setForeground(QColor(themed_hex(self.color_of(replica))))
                 if replica == best:
-                    item.setBackground(QColor(BEST_BACKGROUND))
+                    item.setBackground(QColor(current().best_row))
                     item.setFont(bold)
                 self.table.setItem(i, j, item)
         self.table.horizontalHeader().setSectionResizeMode(
