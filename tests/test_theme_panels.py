@@ -45,6 +45,10 @@ def _themed(window, palette, qtbot) -> None:
     assert link == palette.link  # chat links: Qt's own blue is unreadable on the dark bubbles
     light_ground = colors.luminance(_dominant(panel.key)) > 0.8  # the app's sheet colours it
     assert light_ground == (palette is LIGHT)
+    # The status bar's warning ("naive allocator fits 1 sequence") reads on the bar's ground.
+    sheet = window.status.warning_label.styleSheet()
+    warning = sheet.split("color:")[1].split(";")[0].strip()
+    assert colors.contrast(warning, _dominant(window.status)) >= 3.0, (warning, palette.name)
     # Code: the message's own code lines and the scroller laid over them.
     body = window.chat.bubbles()[-1].body
     (scroller,) = body.code_scrollers()

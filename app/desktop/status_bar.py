@@ -15,9 +15,9 @@ from app.core.engine_messages import EngineInfo
 from app.core.pool_fit import naive_sequences, naive_warning
 from app.desktop.elided_label import ElidedLabel
 from app.desktop.model_picker import format_count
+from app.desktop.theme import follow_theme
 
 POOL_LABEL_SAMPLE = "KV 000000/000000 blocks held, 000000 cached · 0000 running"
-WARNING_STYLE = "color: #F2B84B; font-weight: bold;"
 QWIDGETSIZE_MAX = (1 << 24) - 1  # Qt's "no maximum"
 KERNEL_SHARE = 0.5  # of the bar's width, at most, for the CPU kernels' line
 
@@ -35,7 +35,11 @@ class EngineStatusBar(QStatusBar):
         self.busy_bar.setRange(0, 0)
         self.busy_bar.setVisible(False)
         self.warning_label = QLabel(objectName="poolWarning")
-        self.warning_label.setStyleSheet(WARNING_STYLE)
+        # The banner's text colour: the dark theme's amber is unreadable on the light bar.
+        follow_theme(
+            self.warning_label,
+            lambda p: self.warning_label.setStyleSheet(f"color: {p.banner[1]}; font-weight: bold;"),
+        )
         self.warning_label.setVisible(False)
         # The CPU kernels' background compile and the switch to them (app/desktop/kernel_switch.py)
         self.kernel_label = ElidedLabel(objectName="kernelState")
