@@ -13,12 +13,13 @@ import json
 from pathlib import Path
 
 import gguf
-import numpy as np
 from tiny_models import (
     CHAT_TEMPLATE,
-    _byte_alphabet,
     _write_metadata,
-    random_quant_blocks,
+    add_byte_tokenizer,
+    add_random_quant_tensors,
+    byte_tokens,
+    layer_matrices,
     tiny_config,
 )
 
@@ -39,7 +40,7 @@ def make_named_gguf(
 ) -> Path:
     """A 2-layer hidden-256 Llama GGUF. `extra_vocab` pads the vocabulary with plain tokens so
     the embedding outweighs the layers, as in Gemma 3 270M (262k tokens x 640)."""
-    tokens = [*_byte_alphabet(), "hi", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = byte_tokens()
     tokens += [f"tok{i}" for i in range(extra_vocab)]
     tokens += [f"pad{i}" for i in range((-len(tokens)) % 32)]  # whole quant blocks of rows
     bos, eos = tokens.index("<|im_start|>"), tokens.index("<|endoftext|>")
@@ -53,38 +54,11 @@ def make_named_gguf(
     if file_type is not None:
         writer.add_file_type(file_type)
     _write_metadata(writer, config)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    special = {tokens.index(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")}
-    writer.add_token_types([3 if i in special else 1 for i in range(len(tokens))])
-    writer.add_token_merges(["h i"])
-    writer.add_bos_token_id(bos)
-    writer.add_eos_token_id(eos)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
+    add_byte_tokenizer(writer, tokens, chat_template)
     h, inter, kv = 256, 512, config.num_key_value_heads * 64
-    matrices = {"token_embd": (len(tokens), h, embed_type)}
-    for i in range(config.num_hidden_layers):
-        matrices |= {
-            f"blk.{i}.attn_q": (h, h, layer_type),
-            f"blk.{i}.attn_k": (kv, h, layer_type),
-            f"blk.{i}.attn_v": (kv, h, layer_type),
-            f"blk.{i}.attn_output": (h, h, layer_type),
-            f"blk.{i}.ffn_gate": (inter, h, layer_type),
-            f"blk.{i}.ffn_up": (inter, h, layer_type),
-            f"blk.{i}.ffn_down": (h, inter, layer_type),
-        }
-    rng = np.random.default_rng(seed)
-    for j, (tensor, (rows, cols, qtype)) in enumerate(matrices.items()):
-        raw = random_quant_blocks(qtype, rows, cols, seed * 1000 + j)
-        kind = gguf.GGMLQuantizationType[qtype]
-        writer.add_tensor(f"{tensor}.weight", raw, raw_shape=raw.shape, raw_dtype=kind)
-    norms = ["output_norm"] + [
-        f"blk.{i}.{n}" for i in range(config.num_hidden_layers) for n in ("attn_norm", "ffn_norm")
-    ]
-    for norm in norms:
-        writer.add_tensor(f"{norm}.weight", rng.normal(1, 0.1, size=h).astype(np.float32))
+    matrices = {"token_embd": (embed_type, len(tokens), h)}
+    matrices |= layer_matrices(config.num_hidden_layers, h, kv, inter, lambda _: layer_type)
+    add_random_quant_tensors(writer, matrices, config.num_hidden_layers, h, seed)
     writer.add_vocab_size(len(tokens))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

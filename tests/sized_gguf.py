@@ -12,8 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import gguf
-import numpy as np
-from tiny_models import CHAT_TEMPLATE, _byte_alphabet, random_quant_blocks
+from tiny_models import add_byte_tokenizer, add_random_quant_tensors, byte_tokens, layer_matrices
 
 from engine.bench.synthetic_gguf import Shape, add_shape_metadata
 
@@ -27,42 +26,20 @@ def sized_shape(name: str, layers: int, hidden: int, intermediate: int) -> Shape
 
 
 def write_sized_gguf(path: Path, shape: Shape, seed: int = 0) -> Path:
-    tokens = [*_byte_alphabet(), "hi", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    bos, eos = tokens.index("<|im_start|>"), tokens.index("<|endoftext|>")
+    tokens = byte_tokens()
     writer = gguf.GGUFWriter(path, "llama")
     add_shape_metadata(writer, shape, HEAD_DIM, rms_norm_eps=1e-6)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * (len(tokens) - 3) + [3] * 3)  # 3 = control
-    writer.add_token_merges(["h i"])
-    writer.add_bos_token_id(bos)
-    writer.add_eos_token_id(eos)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    add_byte_tokenizer(writer, tokens)
     h, kv, inter = shape.hidden, shape.kv_heads * HEAD_DIM, shape.intermediate
     vocab = len(tokens) + (-len(tokens)) % 4  # whole rows; pad ids are never produced
+
+    def qtype_of(name: str) -> str:  # llama.cpp's Q4_K_M: V and down in Q6_K every other layer
+        more = "Q6_K" if int(name.split(".")[1]) % 2 == 0 else "Q4_K"
+        return more if name.endswith(("attn_v", "ffn_down")) else "Q4_K"
+
     matrices = {"token_embd": ("Q4_K", vocab, h), "output": ("Q6_K", vocab, h)}
-    for i in range(shape.layers):
-        more = "Q6_K" if i % 2 == 0 else "Q4_K"
-        matrices |= {
-            f"blk.{i}.attn_q": ("Q4_K", h, h),
-            f"blk.{i}.attn_k": ("Q4_K", kv, h),
-            f"blk.{i}.attn_v": (more, kv, h),
-            f"blk.{i}.attn_output": ("Q4_K", h, h),
-            f"blk.{i}.ffn_gate": ("Q4_K", inter, h),
-            f"blk.{i}.ffn_up": ("Q4_K", inter, h),
-            f"blk.{i}.ffn_down": (more, h, inter),
-        }
-    for j, (name, (qtype, rows, cols)) in enumerate(matrices.items()):
-        raw = random_quant_blocks(qtype, rows, cols, seed * 1000 + j)
-        kind = gguf.GGMLQuantizationType[qtype]
-        writer.add_tensor(f"{name}.weight", raw, raw_shape=raw.shape, raw_dtype=kind)
-    norms = ["output_norm"] + [
-        f"blk.{i}.{n}" for i in range(shape.layers) for n in ("attn_norm", "ffn_norm")
-    ]
-    rng = np.random.default_rng(seed)
-    for name in norms:
-        writer.add_tensor(f"{name}.weight", rng.normal(1, 0.1, size=h).astype(np.float32))
+    matrices |= layer_matrices(shape.layers, h, kv, inter, qtype_of)
+    add_random_quant_tensors(writer, matrices, shape.layers, h, seed)
     writer.add_vocab_size(vocab)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -114,21 +114,14 @@ def make_tiny_gguf(
     The vocabulary is the 256 byte-level symbols plus three chat tokens, so the file stays small
     and its tokenizer converts in well under a second.
     """
-    tokens = [*_byte_alphabet(), "hi", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = byte_tokens()
     bos, eos = tokens.index("<|im_start|>"), tokens.index("<|endoftext|>")
     config = tiny_config(arch, len(tokens), llama3_rope=llama3_rope, bos=bos, eos=eos)
     weights = random_model(config, seed).state_dict()
     gguf_arch = "llama" if arch == "mistral" else arch  # as llama.cpp does
     writer = gguf.GGUFWriter(path, gguf_arch)
     _write_metadata(writer, config)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * (len(tokens) - 3) + [3] * 3)  # 3 = control
-    writer.add_token_merges(["h i"])
-    writer.add_bos_token_id(bos)
-    writer.add_eos_token_id(eos)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    add_byte_tokenizer(writer, tokens)
     for name, tensor in weights.items():
         array = tensor.numpy()
         if gguf_arch == "llama" and (".q_proj." in name or ".k_proj." in name):
@@ -250,6 +243,76 @@ def random_quant_blocks(qtype_name: str, rows: int, cols: int, seed: int = 0) ->
     return raw.reshape(rows, cols // block * type_size)
 
 
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def byte_tokens() -> list[str]:
+    """The tiny files' vocabulary: the 256 byte-level symbols, one merge and the chat tokens."""
+    return [*_byte_alphabet(), "hi", *SPECIAL_TOKENS]
+
+
+def add_byte_tokenizer(
+    writer: gguf.GGUFWriter, tokens: list[str], chat_template: str | None = CHAT_TEMPLATE
+) -> tuple[int, int]:
+    """The byte-level gpt2 tokenizer of `tokens` (byte_tokens(), maybe padded), its chat tokens
+    typed as control; returns (bos, eos)."""
+    bos, eos = tokens.index("<|im_start|>"), tokens.index("<|endoftext|>")
+    special = {tokens.index(t) for t in SPECIAL_TOKENS}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if i in special else 1 for i in range(len(tokens))])  # 3 = control
+    writer.add_token_merges(["h i"])
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(eos)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    return bos, eos
+
+
+def layer_matrices(
+    num_layers: int, hidden: int, kv: int, inter: int, qtype_of
+) -> dict[str, tuple[str, int, int]]:
+    """{GGUF name: (quant type, rows, cols)} of a Llama's layer matrices; `qtype_of(name)`
+    picks each one's type."""
+    parts = (
+        ("attn_q", hidden, hidden),
+        ("attn_k", kv, hidden),
+        ("attn_v", kv, hidden),
+        ("attn_output", hidden, hidden),
+        ("ffn_gate", inter, hidden),
+        ("ffn_up", inter, hidden),
+        ("ffn_down", hidden, inter),
+    )
+    matrices = {}
+    for i in range(num_layers):
+        for part, rows, cols in parts:
+            name = f"blk.{i}.{part}"
+            matrices[name] = (qtype_of(name), rows, cols)
+    return matrices
+
+
+def add_random_quant_tensors(
+    writer: gguf.GGUFWriter,
+    matrices: dict[str, tuple[str, int, int]],
+    num_layers: int,
+    hidden: int,
+    seed: int,
+) -> None:
+    """`matrices` as random blocks of their quant types (random_quant_blocks), then the float32
+    norms near 1 of `num_layers` layers."""
+    for j, (name, (qtype, rows, cols)) in enumerate(matrices.items()):
+        raw = random_quant_blocks(qtype, rows, cols, seed * 1000 + j)
+        kind = gguf.GGMLQuantizationType[qtype]
+        writer.add_tensor(f"{name}.weight", raw, raw_shape=raw.shape, raw_dtype=kind)
+    rng = np.random.default_rng(seed)
+    norms = ["output_norm"] + [
+        f"blk.{i}.{n}" for i in range(num_layers) for n in ("attn_norm", "ffn_norm")
+    ]
+    for name in norms:
+        writer.add_tensor(f"{name}.weight", rng.normal(1, 0.1, size=hidden).astype(np.float32))
+
+
 def make_quant_gguf(
     path: Path, qtype_name: str, seed: int = 0, types: dict[str, str] | None = None
 ) -> Path:
@@ -257,44 +320,23 @@ def make_quant_gguf(
     all `qtype_name` and whose norms are float32; the byte-level vocabulary of make_tiny_gguf.
     `types` gives some matrices another type by their GGUF name's end ({"attn_v": "Q6_K"}, as
     llama.cpp's Q4_K_M recipe does)."""
-    tokens = [*_byte_alphabet(), "hi", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = byte_tokens()
     bos, eos = tokens.index("<|im_start|>"), tokens.index("<|endoftext|>")
     config = tiny_config("llama", len(tokens), bos=bos, eos=eos)
     config.hidden_size, config.intermediate_size, config.head_dim = 256, 512, 64
     writer = gguf.GGUFWriter(path, "llama")
     _write_metadata(writer, config)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * (len(tokens) - 3) + [3] * 3)
-    writer.add_token_merges(["h i"])
-    writer.add_bos_token_id(bos)
-    writer.add_eos_token_id(eos)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    add_byte_tokenizer(writer, tokens)
     h, inter, kv = 256, 512, config.num_key_value_heads * 64
     vocab = len(tokens) + (-len(tokens)) % 4  # whole rows; pad ids are never produced
-    matrices = {"token_embd": (vocab, h), "output": (vocab, h)}
-    for i in range(config.num_hidden_layers):
-        matrices |= {
-            f"blk.{i}.attn_q": (h, h),
-            f"blk.{i}.attn_k": (kv, h),
-            f"blk.{i}.attn_v": (kv, h),
-            f"blk.{i}.attn_output": (h, h),
-            f"blk.{i}.ffn_gate": (inter, h),
-            f"blk.{i}.ffn_up": (inter, h),
-            f"blk.{i}.ffn_down": (h, inter),
-        }
-    rng = np.random.default_rng(seed)
-    for j, (name, (rows, cols)) in enumerate(matrices.items()):
-        own = next((t for end, t in (types or {}).items() if name.endswith(end)), qtype_name)
-        raw = random_quant_blocks(own, rows, cols, seed * 1000 + j)
-        own_type = gguf.GGMLQuantizationType[own]
-        writer.add_tensor(f"{name}.weight", raw, raw_shape=raw.shape, raw_dtype=own_type)
-    norms = ["output_norm"] + [
-        f"blk.{i}.{n}" for i in range(config.num_hidden_layers) for n in ("attn_norm", "ffn_norm")
-    ]
-    for name in norms:
-        writer.add_tensor(f"{name}.weight", rng.normal(1, 0.1, size=h).astype(np.float32))
+    own = {"token_embd": qtype_name, "output": qtype_name}
+
+    def qtype_of(name: str) -> str:
+        return next((t for end, t in (types or {}).items() if name.endswith(end)), qtype_name)
+
+    matrices = {name: (qtype_of(name), vocab, h) for name in own}
+    matrices |= layer_matrices(config.num_hidden_layers, h, kv, inter, qtype_of)
+    add_random_quant_tensors(writer, matrices, config.num_hidden_layers, h, seed)
     writer.add_vocab_size(vocab)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
