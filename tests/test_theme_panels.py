@@ -80,6 +80,12 @@ def test_a_theme_switch_reaches_every_panel(make_window, qtbot, restore_dark):
     window.store.add_message(conversation.id, "assistant", REPLY)
     window.chats.open_conversation(conversation.id)
     qtbot.waitUntil(lambda: window.blockmap.paged is not None, timeout=30_000)
+
+    def full_size() -> bool:  # tiles wide enough that their ground is most of their pixels
+        window.resize(1400, 860)
+        return window.width() == 1400
+
+    qtbot.waitUntil(full_size, timeout=5_000)
     _themed(window, LIGHT, qtbot)
     _themed(window, DARK, qtbot)
     _themed(window, LIGHT, qtbot)

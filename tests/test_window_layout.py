@@ -119,7 +119,10 @@ def test_the_load_panel_is_two_short_columns_when_wide_and_one_when_narrow(make_
     _settle(qtbot, window, DEFAULT, True)
     assert panel.prompt.y() == panel.users.y()  # side by side, so the maps keep their height
     assert panel.start.y() == panel.stop.y()
-    assert window.blockmap.paged_map.height() >= 75, window.blockmap.paged_map.height()
+    # Not crushed (the issue: 15 px). 70, not the 75 this once asked: the captions now show all
+    # their lines (blockmap/caption_label.py), one more where the figures wrap, and the load
+    # panel's limit line wraps with its numbers; measured 74-103 px by the other tests' settings.
+    assert window.blockmap.paged_map.height() >= 70, window.blockmap.paged_map.height()
     _settle(qtbot, window, SMALL, True)
     assert panel.prompt.y() > panel.preset.y()  # stacked: side by side they would be cut off
     viewport = window.map_column.loadgen_scroll.viewport()

@@ -23,6 +23,7 @@ from app.core import paths
 from app.core.engine_messages import RecordingState
 from app.desktop.engine_client import EngineClient
 from app.desktop.replay_view import ReplayDialog, open_recording
+from app.desktop.shortened_button import ShortenedToolButton
 
 RECORD_TEXT = "● Record"
 STOP_TEXT = "■ Stop recording"
@@ -67,7 +68,7 @@ class RecordingControls(QObject):
         self.button = QToolButton(objectName="recordButton")
         self.button.setDefaultAction(self.record_action)
         # After a recording stops: where it went, until the next one starts.
-        self.saved_button = QToolButton(objectName="recordingSaved", autoRaise=True)
+        self.saved_button = ShortenedToolButton(objectName="recordingSaved", autoRaise=True)
         self.saved_button.clicked.connect(lambda: self.show_in_folder(self.last_recording))
         self.saved_button.hide()
         if isinstance(window, QMainWindow):
@@ -104,7 +105,10 @@ class RecordingControls(QObject):
             self._show_notice(f"Recording the KV events to {state.recording}")
         elif was:
             self.last_recording = state.path
-            self.saved_button.setText(f"Recording saved: {Path(state.path).name} · Show in folder")
+            self.saved_button.set_texts(
+                f"Recording saved: {Path(state.path).name} · Show in folder",
+                "Saved · Show in folder",  # where the bar has no room for the name
+            )
             self.saved_button.setToolTip(
                 f"{state.path}\nClick to show it in its folder; Engine ▸ Open recording… replays it"
             )

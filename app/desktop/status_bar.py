@@ -34,7 +34,8 @@ class EngineStatusBar(QStatusBar):
         self.busy_bar = QProgressBar(objectName="busyBar", maximumWidth=140, textVisible=False)
         self.busy_bar.setRange(0, 0)
         self.busy_bar.setVisible(False)
-        self.warning_label = QLabel(objectName="poolWarning")
+        # Elided too: shown whole it took 265 px, and the bar with it outgrew a 1024-px screen.
+        self.warning_label = ElidedLabel(objectName="poolWarning")
         # The banner's text colour: the dark theme's amber is unreadable on the light bar.
         follow_theme(
             self.warning_label,
