@@ -78,6 +78,9 @@ def test_the_picker_shows_readable_names_and_the_files_own_type(
     (home / ".lmstudio" / "models").symlink_to(gemma_like.parents[2])
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("OLLAMA_MODELS", raising=False)
+    from app.desktop.theme import theme_keeper
+
+    theme_keeper().apply("dark")  # the app's own style sheet: its padding narrows the columns
     dialog = SettingsDialog(AppSettings(engine=EngineSettings(device="cpu", kv_budget_mib=64)))
     qtbot.addWidget(dialog)
     listing = dialog.picker.found

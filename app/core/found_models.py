@@ -32,6 +32,10 @@ DESCRIBE_BUDGET_S = 8.0
 COLUMNS = ("Name", "Size", "Quant.", "Found in")  # short headers: the name gets the width
 HEADER_TIPS = ("File name (Ollama: name and tag)", "", "Quantization: the file's own type", "")
 PATH_ROLE = Qt.ItemDataRole.UserRole
+# A name elided in the middle keeps its model and its quantization readable at this many
+# characters ("gemma-3-270…Q4_K_M.gguf"); the cell and the frame take the margins.
+NAME_MIN_CHARS = 26
+NAME_CELL_MARGINS = 24
 
 
 def format_size(n: int) -> str:
@@ -114,6 +118,7 @@ class FoundModelsList(QWidget):
                 item = self.tree.topLevelItem(i)
                 if item.text(2) == "…":
                     item.setText(2, "")
+            self._keep_names_readable()
             return
         item = self.tree.topLevelItem(row)
         if item is None:
@@ -122,6 +127,14 @@ class FoundModelsList(QWidget):
         item.setToolTip(2, summary.error or summary.details)
         if summary.details:
             item.setToolTip(0, f"{item.toolTip(0)}\n{summary.details}")
+
+    def _keep_names_readable(self) -> None:
+        """The least width that leaves the name column NAME_MIN_CHARS, beside the other columns
+        at their contents' width: with the app's style sheet they took so much that a name read
+        "gemma-3-2…_K_M.gguf" at the dialog's narrowest (its quantization cut)."""
+        others = sum(self.tree.header().sectionSize(c) for c in range(1, len(COLUMNS)))
+        name = self.tree.fontMetrics().horizontalAdvance("x" * NAME_MIN_CHARS)
+        self.tree.setMinimumWidth(name + others + NAME_CELL_MARGINS)
 
     def _chosen(self, item: QTreeWidgetItem, _column: int = 0) -> None:
         self.model_chosen.emit(item.data(0, PATH_ROLE))
