@@ -78,6 +78,8 @@ def test_the_picker_shows_readable_names_and_the_files_own_type(
     (home / ".lmstudio" / "models").symlink_to(gemma_like.parents[2])
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("OLLAMA_MODELS", raising=False)
+    # a data dir of its own: the worker's shared one lists other tests' recent models first
+    monkeypatch.setenv("KVSCOPE_DATA_DIR", str(tmp_path / "data"))
     from app.desktop.theme import theme_keeper
 
     theme_keeper().apply("dark")  # the app's own style sheet: its padding narrows the columns

@@ -104,6 +104,8 @@ def test_the_picker_lists_and_opens_an_ollama_model(qtbot, ollama_tree, tmp_path
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("OLLAMA_MODELS", str(ollama_tree["models"]))
+    # a data dir of its own: the worker's shared one lists other tests' recent models first
+    monkeypatch.setenv("KVSCOPE_DATA_DIR", str(tmp_path / "data"))
     dialog = SettingsDialog(AppSettings(engine=EngineSettings(device="cpu", kv_budget_mib=64)))
     qtbot.addWidget(dialog)
     listing = dialog.picker.found
