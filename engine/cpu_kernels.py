@@ -45,6 +45,9 @@ DEFAULT_COMPILE_S = {1: 60.0, 2: 30.0}
 MANY_CORES_COMPILE_S = 25.0
 MAX_COMPILE_S = 900.0  # past this a compile counts as failed (a wedged LLVM, a swapping machine)
 FROZEN_FLAG = "--compile-cpu-kernels"  # the installed app's executable runs the compile itself
+# How far the child yields to other work, 0-19 (POSIX nice). 19 by default: the user's work and
+# the app's own replies come first, so on a machine with every core busy the compile waits.
+NICE_ENV = "KVSCOPE_COMPILE_NICE"
 
 logger = logging.getLogger(__name__)
 
@@ -224,13 +227,20 @@ def _stop_running() -> None:
         job.stop()
 
 
+def compile_niceness() -> int:
+    try:
+        return min(19, max(0, int(os.environ.get(NICE_ENV, "19"))))
+    except ValueError:
+        return 19
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.cpu_kernels")
     parser.add_argument("--compile", action="store_true", help="fill numba's disk cache")
     parser.add_argument("--threads", type=int, default=1, help="the engine's CPU threads")
     args = parser.parse_args(argv)
     if hasattr(os, "nice"):
-        os.nice(19)  # the user's work, and the app's own replies, come first
+        os.nice(compile_niceness())
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     started = time.monotonic()
     try:
