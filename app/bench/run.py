@@ -64,6 +64,10 @@ def run_bench(args: argparse.Namespace) -> int:
         print(summarize_threads(run_threads_bench(Path(args.out))))
         print(f"  wrote {Path(args.out) / 'bench_threads.json'} and bench_threads.png")
         return 0
+    if getattr(args, "peer", None) and getattr(args, "models", False):
+        from app.bench.peer_models import run_peer_models_cli
+
+        return run_peer_models_cli(args)
     if getattr(args, "peer", None):
         from app.bench.peer_bench import run_peer_bench, summarize_peer
 

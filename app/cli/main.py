@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--models",
         action="store_true",
         help="instead: load synthetic 1.1B/3B Q4_K_M GGUFs kept quantized and dequantized "
-        "(bench_models.json)",
+        "(bench_models.json); with --peer llama.cpp: both engines on each model at 1, 2 and "
+        "all physical cores (bench_peer_models.json)",
     )
     bench.add_argument(
         "--skip-sharing", action="store_true", help="skip the prefix-cache and forking figures"
@@ -234,7 +235,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(bench_peer.json; llama-cpp-python must be installed)",
     )
     bench.add_argument(
-        "--num-threads", type=int, default=None, help="threads for --peer (default: ours)"
+        "--num-threads",
+        type=int,
+        default=None,
+        help="threads for --peer (default: ours; with --models: 1, 2 and every physical core)",
+    )
+    bench.add_argument(
+        "--models-only",
+        default=None,
+        metavar="NAMES",
+        help="--peer --models: only these rows, comma-separated (bundled, 1.1B-Q4_0, 1.1B, 3B, "
+        "gemma3-270m)",
+    )
+    bench.add_argument(
+        "--rounds", type=int, default=3, help="--peer --models: alternating rounds per row"
+    )
+    bench.add_argument(
+        "--prompt-tokens", type=int, default=512, help="--peer --models: the prefill prompt"
     )
     bench.add_argument(
         "--sliding",
