@@ -88,6 +88,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from app.bench.soak import run_soak_bench
 
         return run_soak_bench(args)
+    if getattr(args, "serve", False) and getattr(args, "peer_server", None):
+        from app.bench.serve_peer import run_serve_peer
+
+        return run_serve_peer(args)
     if getattr(args, "serve", False):
         from app.bench.serve_bench import run_serve_bench
 

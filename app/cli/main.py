@@ -33,6 +33,17 @@ def _flag_type(hint: object) -> type:
     return kinds[0] if len(kinds) == 1 else str
 
 
+def _client_counts(text: str) -> int | list[int]:
+    """`--clients 8` -> 8; `--clients 1,8,32` -> [1, 8, 32] (the --peer-server cells)."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count or a list like 1,8,32: {text!r}") from None
+    if any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"client counts must be >= 1, got {text!r}")
+    return counts[0] if len(counts) == 1 else counts
+
+
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     for name, (kind, default) in SAMPLING_FLAGS.items():
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=default)
@@ -203,14 +214,46 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="instead: concurrent streaming clients against `kvscope serve` (bench_serve.json)",
     )
-    bench.add_argument("--clients", type=int, default=64, help="--serve: concurrent clients")
+    bench.add_argument(
+        "--clients",
+        type=_client_counts,
+        default=None,
+        help="--serve: concurrent clients (default 64); with --peer-server a list, one cell "
+        "each (default 1,8,32)",
+    )
     bench.add_argument(
         "--serve-requests",
         type=int,
         default=None,
-        help="--serve: total requests (default 2x clients)",
+        help="--serve: total requests (default 2x clients; per cell with --peer-server, "
+        "4x clients and at least 16)",
     )
-    bench.add_argument("--serve-seconds", type=float, default=120.0, help="--serve: time bound")
+    bench.add_argument(
+        "--serve-seconds",
+        type=float,
+        default=None,
+        help="--serve: time bound (default 120 s; per cell with --peer-server, 60 s)",
+    )
+    bench.add_argument(
+        "--target",
+        default=None,
+        metavar="URL",
+        help="--serve: drive this running OpenAI-compatible server (http://host:port) instead "
+        "of starting `kvscope serve`",
+    )
+    bench.add_argument(
+        "--peer-server",
+        default=None,
+        choices=("llama.cpp",),
+        help="--serve: `kvscope serve` and llama.cpp's llama-server in turn on the same GGUF "
+        "and threads (bench_serve_peer.json)",
+    )
+    bench.add_argument(
+        "--llama-server",
+        default=None,
+        metavar="PATH",
+        help="--peer-server: the binary (default: $KVSCOPE_LLAMA_SERVER, `make peer`'s, PATH)",
+    )
     bench.add_argument("--serve-max-tokens", type=int, default=32, help="--serve: tokens per reply")
     bench.add_argument(
         "--soak",
