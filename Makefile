@@ -15,7 +15,7 @@ TOOL_APT_PKGS := nsis xvfb xdotool
 # CPU machines pin the CPU wheel; where an NVIDIA driver answers, pip's default CUDA build is wanted.
 TORCH_SPEC := $(shell nvidia-smi >/dev/null 2>&1 && echo "torch" || echo "torch==2.13.0")
 
-.PHONY: setup run test test-aot test-fast lint bench clean qt-libs apt-tools package package-test \
+.PHONY: setup run test test-aot test-fast lint bench peer clean qt-libs apt-tools package package-test \
 	vllm-wheel bench-vllm-client
 
 setup: $(STAMP)
@@ -112,6 +112,12 @@ bench-vllm-client: setup $(BENCH_VENV)/.ok
 	    --base-url http://127.0.0.1:$(VLLM_BENCH_PORT) --endpoint /v1/chat/completions --model "$$model" \
 	    --tokenizer bench_out/bundled-tokenizer --dataset-name random --ignore-eos $(VLLM_BENCH_ARGS) \
 	    --save-result --result-dir bench_out --result-filename vllm_bench_serve.json
+
+# The llama.cpp peer of the CPU benchmarks (optional, ~15 min on 2 cores): llama-server and the
+# libraries llama-cpp-python loads, built with cmake from the sources inside llama-cpp-python's
+# sdist, for this CPU's instruction set (app/bench/llama_cpp_build.py).
+peer: setup
+	$(PY) -m app.bench.llama_cpp_build --root .cache
 
 # Every Triton kernel ahead of time for all six GPU targets (`make test` compiles for the four
 # consumer ones: tests/test_triton_aot.py says why).
