@@ -39,6 +39,7 @@ EXP2 = (
     np.float32(0.0013333558146428443),
     np.float32(0.00015403530393381608),
 )
+FLUSH_EXP2 = np.float32(-64.0)  # softmax weights below 2^-64 of the top one count as 0
 BF16_ROUND = np.uint32(0x7FFF)
 SIXTEEN = np.uint32(16)
 ONE = np.uint32(1)
@@ -147,16 +148,22 @@ def _exp_below_zero(x, scratch):
     """x = exp(x) in place for x <= 0 (softmax scores less their max): 2^(x log2 e) as a
     polynomial in the fraction times 2^integer built from its bits. Plain arithmetic, so LLVM
     vectorises it, where math.exp is a libm call per score (measured ~40% of a 2048-token
-    attention). Below -126 (e^-87) it gives 2^-126 instead of ~0: a weight of 1e-38."""
+    attention). Below 2^FLUSH_EXP2 (e^-44, 5e-20 of the top score's weight) it gives exactly 0:
+    the tiny weights it would give instead become subnormal floats once normalised and
+    multiplied with V, and every operation on a subnormal takes a microcode assist (measured:
+    a decode step's 22 attentions on a 52-token context took 8.7 ms instead of 0.6)."""
     n = x.shape[0]
     exponent = scratch[:n]
     c0, c1, c2, c3, c4, c5, c6 = EXP2
     for j in range(n):
-        t = max(x[j] * LOG2E, np.float32(-126.0))
+        t = x[j] * LOG2E
+        keep = t > FLUSH_EXP2
+        t = max(t, FLUSH_EXP2)
         k = np.floor(t)
         f = t - k
         x[j] = c0 + f * (c1 + f * (c2 + f * (c3 + f * (c4 + f * (c5 + f * c6)))))
-        exponent[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
+        # float bits 0 are 0.0
+        exponent[j] = ((np.int32(k) + np.int32(127)) << np.int32(23)) if keep else np.int32(0)
     powers = exponent.view(np.float32)
     for j in range(n):
         x[j] *= powers[j]
