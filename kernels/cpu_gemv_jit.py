@@ -9,6 +9,7 @@ from numba.extending import intrinsic
 
 from kernels.cpu_simd import (
     ROW_BLOCK,
+    prefetch,
     tile4_block,
     tile4_row,
     tile8_block_16,
@@ -19,6 +20,7 @@ from kernels.cpu_simd import (
 
 INT8_MAX = 127
 TILE = 16  # columns per tile of 4-bit codes (see kernels/cpu_gemv.py's layout)
+AHEAD = 2048  # bytes of codes prefetched ahead of the tile being multiplied
 opts = dict(fastmath=True, cache=True, boundscheck=False, error_model="numpy", nogil=True)
 
 
@@ -66,7 +68,11 @@ def quantize_rows(x, group, xq, xd, xs):
 def chunk4(codes, scale, low, xq, xd, xs, group, y):
     """One chunk, 4-bit codes uint8 [Nc/16, K/32, 256] (tile, group: kernels/cpu_simd.py's
     layout); y [M, Nc] float32 is overwritten. A tile's whole K is contiguous and the tiles
-    follow each other, so the chunk is one stream the hardware prefetcher follows. Rows go 4
+    follow each other, so the chunk is one stream, which the loop also prefetches AHEAD bytes
+    ahead (codes, scales, offsets): the hardware prefetcher alone kept too few lines in flight.
+    Measured on the 2-core Xeon VM, one thread, a synthetic 1.1B Q4_0's 22 gate_up matrices
+    (317 MB, streamed from memory): 9.3 -> 12.8 GB/s (torch.sum reads 13.9); 1024 or 4096
+    bytes ahead measured the same within noise. Rows go 4
     at a time through one call (the codes are split into nibbles once for the 4), the rest one
     by one."""
     tiles, groups = codes.shape[0], codes.shape[1]
@@ -82,6 +88,10 @@ def chunk4(codes, scale, low, xq, xd, xs, group, y):
         for b in range(groups):
             at = (t * groups + b) * 256
             w_at = (t * weight_groups + b // per_weight_group) * TILE
+            for e in range(0, 256, 64):
+                prefetch(flat, at + AHEAD + e)
+            prefetch(sc, w_at + AHEAD // 8)
+            prefetch(lw, w_at + AHEAD // 8)
             m = 0
             while m + ROW_BLOCK <= m_rows:
                 tile4_block(flat, at, xflat, m * k + b * 32, k, dflat, sflat, m * groups + b,
@@ -111,6 +121,10 @@ def chunk8(codes, scale, low, xq, xd, xs, group, y):
         for b in range(groups):
             at = (t * groups + b) * TILE * a
             w_at = (t * weight_groups + b // per_weight_group) * TILE
+            for e in range(0, TILE * a, 64):
+                prefetch(flat, at + AHEAD + e)
+            prefetch(sc, w_at + AHEAD // 8)
+            prefetch(lw, w_at + AHEAD // 8)
             m = 0
             while m + ROW_BLOCK <= m_rows:
                 x_at, d_at, y_at = m * k + b * a, m * groups + b, m * nc + t * TILE
