@@ -158,6 +158,11 @@ def _build() -> SimpleNamespace:
         serial_bf16={4: jit.serial4_bf16, 8: jit.serial8_bf16},
         parallel_bf16={4: jit.parallel4_bf16, 8: jit.parallel8_bf16},
         dequantize={4: jit.dequantize4, 8: jit.dequantize8},
+        dequantize_bf16={4: jit.dequantize4_bf16, 8: jit.dequantize8_bf16},
+        dequantize_bf16_parallel={
+            4: jit.dequantize4_bf16_parallel,
+            8: jit.dequantize8_bf16_parallel,
+        },
     )
 
 
@@ -182,6 +187,7 @@ def _warm_up(ns: SimpleNamespace) -> None:
             for threads in thread_counts:
                 matmul(ns, w, x, threads)
                 matmul_bf16(ns, w, bits, threads)
+                dequantize_bf16(ns, w, threads)
 
 
 class QuantizedCodesT:
@@ -276,4 +282,19 @@ def dequantize_t(ns: SimpleNamespace, w: QuantizedCodesT, chunk: int | None = No
     out = np.empty((w.k, chunks * width), np.float32)
     for c in picked:
         out[:, c * width : (c + 1) * width] = dequantize_t(ns, w, c)
+    return out
+
+
+def dequantize_bf16(ns: SimpleNamespace, w: QuantizedCodesT, threads: int) -> np.ndarray:
+    """W as bfloat16 bits, uint16 [chunks * Nc, K] (the first `w.n` rows are real), for a
+    bfloat16 GEMM on long prefill chunks (engine/quant/cpu_layout.gemv_matmul)."""
+    out = np.empty((w.codes.shape[0] * w.width, w.k), np.uint16)
+    if threads > 1 and w.codes.shape[0] > 1:
+        ns.numba.set_num_threads(min(threads, ns.numba.config.NUMBA_NUM_THREADS))
+        ns.dequantize_bf16_parallel[w.bits](w.codes, w.scale, w.low, w.group, out)
+    else:
+        width = w.width
+        for c in range(w.codes.shape[0]):
+            chunk = out[c * width : (c + 1) * width]
+            ns.dequantize_bf16[w.bits](w.codes[c], w.scale[c], w.low[c], w.group, chunk)
     return out

@@ -102,8 +102,11 @@ def test_threads_split_columns_into_the_same_sums(kind):
     assert np.array_equal(cpu_gemv.matmul(ns, g, x, threads=2), one)
 
 
-def test_prefill_chunks_run_the_integer_kernel():
-    """Hundreds of rows (a prefill chunk) through the same kernel, in 4-row blocks."""
+def test_prefill_chunks_run_the_integer_kernel(monkeypatch):
+    """Hundreds of rows (a prefill chunk) through the same kernel, in 4-row blocks and two
+    passes over the tiles (256 rows of K = 512 each, then the rest), where no AMX is there to
+    take them (tests/test_cpu_prefill_gemm.py)."""
+    monkeypatch.setattr(layout_module, "bf16_gemm_fast", lambda: False)
     w = _weight("Q4_K")
     x = torch.randn(301, K_COLS, generator=torch.Generator().manual_seed(9)).bfloat16()
     ref = x.double() @ w.dequantize(torch.float64).T
