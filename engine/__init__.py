@@ -1,5 +1,8 @@
 """KVScope's embedded paged-attention inference engine (headless; no Qt)."""
 
+# First, before anything loads torch: it bounds OpenMP's idle spinning (see there).
+import engine.omp_spin  # noqa: F401  # isort: skip
+
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
