@@ -22,7 +22,12 @@ ENGINE_PUBLIC: dict[str, set[str] | None] = {
     "engine": None,  # LLM, SamplingParams, BeamSearchParams, EngineConfig, outputs
     "engine.config": None,  # the knob list the settings and the CLI are derived from
     # The settings' thread row; the bench's thread sweep.
-    "engine.cpu_threads": {"default_num_threads", "usable_cpus", "apply_num_threads"},
+    "engine.cpu_threads": {
+        "default_num_threads",
+        "usable_cpus",
+        "apply_num_threads",
+        "physical_cores",  # the peer table's thread counts: 1, 2, every physical core
+    },
     "engine.planner": None,
     # The worker's CPU kernels: loaded when compiled, else compiled in the background.
     "engine.cpu_kernels": {

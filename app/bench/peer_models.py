@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from app.bench.machine import ContentionMeter, machine_info
 from app.bench.peer_bench import (
     PEER_BUILD_HINT,
@@ -43,6 +45,7 @@ from app.bench.peer_models_setup import (
 from app.bench.peer_models_table import finish_row, markdown_table, plot_peer_models
 from app.bench.workload import load_chat_workload
 from engine import LLM
+from engine.cpu_kernels import prepare_cpu_kernels
 
 PEER = "llama.cpp"
 OURS = "kvscope"
@@ -136,6 +139,7 @@ def run_peer_models(
     meter = ContentionMeter()
     # Measured before any engine is built: a built engine's weights would share the memory bus.
     bandwidth = {t: measure_bandwidth_at(t, bandwidth_bytes) for t in threads}
+    start_numba_threads(max(threads))
     rows = []
     for choice in models:
         if choice.path is None:
@@ -172,6 +176,18 @@ def run_peer_models(
     (out / "bench_peer_models.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_peer_models(report, out / "bench_peer_models.png")
     return report
+
+
+def start_numba_threads(threads: int) -> None:
+    """numba's kernels loaded, and its OpenMP threads started, before llama.cpp first runs in
+    this process: started after llama.cpp had run (a 2-thread row after a 1-thread one), the
+    first parallel call died of a call through a null pointer (the fused decode's warm-up)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the kernels' warm-up starts the threads from 2 on
+    try:
+        prepare_cpu_kernels("cpu")
+    finally:
+        torch.set_num_threads(before)
 
 
 def _run_row(

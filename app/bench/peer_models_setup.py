@@ -19,7 +19,6 @@ import torch
 
 from engine.bench.synthetic_gguf import SHAPES, ensure_synthetic_gguf
 from engine.cpu_threads import physical_cores, usable_cpus
-from engine.model.gguf_file import read_gguf
 from engine.model.loader import default_model_path
 
 BUNDLED, GEMMA = "bundled", "gemma3-270m"
@@ -113,21 +112,29 @@ def decode_weight_bytes(gguf: Path) -> int:
     total = 0
     embedding = None
     names = set()
-    for tensor in read_gguf(gguf).tensors:
+    for tensor in _tensors(gguf):
         names.add(tensor.name)
         if tensor.name == "token_embd.weight":
             embedding = tensor
         else:
-            total += tensor.nbytes
+            total += int(tensor.n_bytes)
     if embedding is not None:
         tied = "output.weight" not in names
-        rows = embedding.shape[0] if embedding.shape else 1
-        total += embedding.nbytes if tied else embedding.nbytes // max(rows, 1)
+        # gguf's shape is ggml's (row length first): rows are the other dimensions.
+        rows = int(embedding.n_elements) // max(int(embedding.shape[0]), 1)
+        total += int(embedding.n_bytes) if tied else int(embedding.n_bytes) // max(rows, 1)
     return total
 
 
+def _tensors(path: Path) -> list:
+    """The file's tensor records, read by the `gguf` package (llama.cpp's own reader)."""
+    import gguf as gguf_py
+
+    return list(gguf_py.GGUFReader(path).tensors)
+
+
 def head_is_tied(gguf: Path) -> bool:
-    return "output.weight" not in {t.name for t in read_gguf(gguf).tensors}
+    return "output.weight" not in {t.name for t in _tensors(gguf)}
 
 
 def measure_bandwidth_at(threads: int, num_bytes: int = 1 << 30, repeats: int = 5) -> float:
