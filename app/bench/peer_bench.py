@@ -5,7 +5,7 @@ greedy decoding past EOS to the same length, one request at a time, alternating 
 so a neighbour's load falls on both alike. llama.cpp comes from llama-cpp-python, an optional
 benchmark dependency that is never imported by the app or the engine; without it the report says
 so and still carries our figures. Its default native build may emit instructions a VM forbids
-("Illegal instruction"), so build it for the instruction set explicitly (PEER_BUILD_HINT).
+("Illegal instruction"), so `make peer` builds it for the instruction set explicitly.
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ from engine.cpu_threads import default_num_threads
 from engine.model.loader import default_model_path
 
 PEERS = ("llama.cpp",)
-PEER_BUILD_HINT = (
-    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" '
-    "pip install llama-cpp-python   (add -DGGML_AVX512=ON where the CPU has AVX-512)"
-)
+# app/bench/llama_cpp_build.py: llama-server and llama-cpp-python's libraries, built with cmake
+# for the instruction set this CPU lists.
+PEER_BUILD_HINT = "make peer   (or: python -m app.bench.llama_cpp_build --root .cache)"
 
 
 @dataclass
