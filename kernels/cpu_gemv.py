@@ -72,7 +72,7 @@ _compile_lock = threading.Lock()
 # it, and numba's cache checks only the caller's own file: kernels/cpu_decode_jit.py's entries
 # would outlive an edit of cpu_gemv_jit.py's chunk4 (a new layout read the old way). So the
 # cache has one folder per version of these sources.
-JIT_SOURCES = ("cpu_simd.py", "cpu_gemv_jit.py", "cpu_decode_jit.py")
+JIT_SOURCES = ("cpu_simd.py", "cpu_gemv_jit.py", "cpu_dequant_jit.py", "cpu_decode_jit.py")
 
 
 def sources_key() -> str:
@@ -148,6 +148,7 @@ def load() -> SimpleNamespace | None:
 def _build() -> SimpleNamespace:
     import numba
 
+    from kernels import cpu_dequant_jit as dequant
     from kernels import cpu_gemv_jit as jit
 
     return SimpleNamespace(
@@ -158,10 +159,10 @@ def _build() -> SimpleNamespace:
         serial_bf16={4: jit.serial4_bf16, 8: jit.serial8_bf16},
         parallel_bf16={4: jit.parallel4_bf16, 8: jit.parallel8_bf16},
         dequantize={4: jit.dequantize4, 8: jit.dequantize8},
-        dequantize_bf16={4: jit.dequantize4_bf16, 8: jit.dequantize8_bf16},
+        dequantize_bf16={4: dequant.dequantize4_bf16, 8: dequant.dequantize8_bf16},
         dequantize_bf16_parallel={
-            4: jit.dequantize4_bf16_parallel,
-            8: jit.dequantize8_bf16_parallel,
+            4: dequant.dequantize4_bf16_parallel,
+            8: dequant.dequantize8_bf16_parallel,
         },
     )
 

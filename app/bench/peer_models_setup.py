@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import platform
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from app.bench.roofline import measure_read_bandwidth
 from engine.bench.synthetic_gguf import SHAPES, ensure_synthetic_gguf
 from engine.cpu_threads import physical_cores, usable_cpus
 from engine.model.loader import default_model_path
@@ -148,14 +148,7 @@ def measure_bandwidth_at(threads: int, num_bytes: int = 1 << 30, repeats: int = 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        buffer = torch.ones(num_bytes // 4, dtype=torch.float32)
-        buffer.sum()  # the first pass pays for page faults, not bandwidth
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            buffer.sum()
-            best = min(best, time.perf_counter() - start)
-        return buffer.numel() * 4 / best
+        return measure_read_bandwidth(num_bytes, repeats)
     finally:
         torch.set_num_threads(before)
 
