@@ -22,14 +22,20 @@ INT8_MAX = 127
 TILE = 16  # columns per tile of 4-bit codes (see kernels/cpu_gemv.py's layout)
 AHEAD = 2048  # bytes of codes prefetched ahead of the tile being multiplied
 PASS_BYTES = 128 << 10  # int8 activations one pass over a matrix's tiles multiplies (in L2)
+# Up to this many rows (every decode step: the fused decode takes 64 at most) go in one pass, so
+# a step reads each matrix's codes from memory once, as it did before the passes.
+ONE_PASS_ROWS = 64
 
 opts = dict(fastmath=True, cache=True, boundscheck=False, error_model="numpy", nogil=True)
 
 
 @njit(inline="always", **opts)
-def rows_per_pass(k):
-    """Rows of activations a pass over the tiles takes: a multiple of ROW_BLOCK whose K bytes
-    each stay in L2 while every tile's codes go by (a tile re-read them all before)."""
+def rows_per_pass(k, m_rows):
+    """Rows of activations a pass over the tiles takes: all of a decode step's, else a multiple
+    of ROW_BLOCK whose K bytes each stay in L2 while every tile's codes go by (a tile re-read
+    all of a prefill chunk's before)."""
+    if m_rows <= ONE_PASS_ROWS:
+        return ONE_PASS_ROWS
     return max(ROW_BLOCK, PASS_BYTES // k // ROW_BLOCK * ROW_BLOCK)
 
 
@@ -93,7 +99,7 @@ def chunk4(codes, scale, low, xq, xd, xs, group, y):
     sc, lw = scale.reshape(-1), low.reshape(-1)
     for i in range(yflat.shape[0]):
         yflat[i] = 0.0
-    rows = rows_per_pass(k)
+    rows = rows_per_pass(k, m_rows)
     for r0 in range(0, m_rows, rows):
         r1 = min(m_rows, r0 + rows)
         for t in range(tiles):
@@ -129,7 +135,7 @@ def chunk8(codes, scale, low, xq, xd, xs, group, y):
     sc, lw = scale.reshape(-1), low.reshape(-1)
     for i in range(yflat.shape[0]):
         yflat[i] = 0.0
-    rows = rows_per_pass(k)
+    rows = rows_per_pass(k, m_rows)
     for r0 in range(0, m_rows, rows):
         r1 = min(m_rows, r0 + rows)
         for t in range(tiles):
