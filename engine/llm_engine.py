@@ -18,8 +18,7 @@ from engine.cpu_threads import apply_num_threads
 from engine.detokenizer import IncrementalDetokenizer
 from engine.float32_weights import float32_choice
 from engine.kv.allocator import KVAllocator
-from engine.kv.block_manager import BlockManager
-from engine.kv.contiguous import ContiguousBlockManager
+from engine.kv.allocators import make_allocator
 from engine.kv.events import StepProgress
 from engine.kv.kv_cache import KVCache
 from engine.kv.observers import PoolObservers
@@ -35,6 +34,7 @@ from engine.prompts import PromptInput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Request, Sequence
+from engine.trace import PoolCounts, StepShape, TraceLog, TraceSettings
 from engine.weight_plan import weights_quantized
 
 
@@ -98,20 +98,15 @@ class LLMEngine:
             self.kv_layout.windows,
         )
         events = self.observers.events
-        self.block_manager: KVAllocator
-        if config.allocator == "contiguous":
-            self.block_manager = ContiguousBlockManager(
-                num_blocks, config.block_size, self.max_seq_len, events
-            )
-        else:
-            self.block_manager = BlockManager(
-                num_blocks,
-                config.block_size,
-                enable_prefix_caching=config.enable_prefix_caching,
-                cache_salt=f"{loaded.source}|{config.kv_torch_dtype}".encode(),
-                events=events,
-                layout=self.kv_layout,
-            )
+        self.block_manager: KVAllocator = make_allocator(
+            config.allocator,
+            num_blocks,
+            self.kv_layout,
+            self.max_seq_len,
+            config.enable_prefix_caching,
+            f"{loaded.source}|{config.kv_torch_dtype}".encode(),
+            events,
+        )
         self.scheduler = Scheduler(
             self.block_manager, events, config.max_num_seqs, config.batched_tokens_limit
         )
@@ -123,6 +118,8 @@ class LLMEngine:
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.num_steps = 0
+        # Always on and bounded: what a what-if replay of this session needs (engine.whatif).
+        self.trace = TraceLog(TraceSettings.of_engine(self))
         # Fixed once built; computed here so stats() stays cheap at the app's 10 Hz.
         self.weight_bytes = self.model.weight_bytes()
         self.weight_format = self.model.weight_format()
@@ -186,23 +183,11 @@ class LLMEngine:
                 f"{self.max_seq_len} tokens ({self.block_manager.num_blocks} blocks of "
                 f"{self.config.block_size})"
             )
-        request = Request(
-            request_id, text, ids, params, RequestMetrics(arrival_time or time.time())
-        )
-        for index in range(params.n):
-            request.sequences.append(
-                Sequence(
-                    request=request,
-                    index=index,
-                    token_ids=list(ids),
-                    detokenizer=IncrementalDetokenizer(
-                        self.tokenizer, ids, params.skip_special_tokens
-                    ),
-                    generator=self._sample_generator(params.seed, index),
-                    logprobs=[] if params.logprobs is not None else None,
-                )
-            )
+        arrival = self._now() if arrival_time is None else arrival_time
+        request = Request(request_id, text, ids, params, RequestMetrics(arrival))
+        request.sequences = [self._new_sequence(request, i) for i in range(params.n)]
         self.requests[request_id] = request
+        self.trace.on_request(self.num_steps, request)
         for seq in request.sequences:
             self.scheduler.announce(seq)
         if self.config.allocator == "contiguous":
@@ -215,6 +200,17 @@ class LLMEngine:
         self.scheduler.add(request.sequences[0])
         request.pending_forks = request.sequences[1:]
 
+    def _new_sequence(self, request: Request, index: int) -> Sequence:
+        params, ids = request.params, request.prompt_token_ids
+        return Sequence(
+            request=request,
+            index=index,
+            token_ids=list(ids),
+            detokenizer=IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
+            generator=self._sample_generator(params.seed, index),
+            logprobs=[] if params.logprobs is not None else None,
+        )
+
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its blocks; returns its final output (None if unknown)."""
         request = self.requests.pop(request_id, None)
@@ -224,7 +220,8 @@ class LLMEngine:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
-        request.metrics.finished_time = time.time()
+        request.metrics.finished_time = self._now()
+        self.trace.on_finish(self.num_steps, request)
         return request.output()
 
     def has_unfinished_requests(self) -> bool:
@@ -234,13 +231,15 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, sample; returns outputs of requests that progressed."""
         self._begin_step()
+        started, timer = self._now(), time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch.items:
             return []
-        now = time.time()
+        shape = StepShape.of(batch.items)
         for seq, _ in batch.items:
             if seq.request.metrics.first_scheduled_time is None:
-                seq.request.metrics.first_scheduled_time = now
+                seq.request.metrics.first_scheduled_time = started
+                seq.request.first_scheduled_step = self.num_steps + 1
         seqs, logits = self._run(batch)
         touched: dict[str, Request] = {}
         stepped = [seq for seq, _ in batch.items]
@@ -248,7 +247,7 @@ class LLMEngine:
             seqs, logits = self._fork_pending_samples(seqs, logits)
             rows = [self._sampling_row(s) for s in seqs]
             results = self._sample(logits, rows)
-            now = time.time()
+            now = self._now()
             for seq, result in zip(seqs, results, strict=True):
                 if isinstance(result, Exception):
                     self._fail(seq, result)
@@ -257,12 +256,15 @@ class LLMEngine:
                 touched[seq.request.request_id] = seq.request
             stepped += [s for s in seqs if s.index > 0]  # forked samples appear this step
         self.emit_progress(stepped)
+        counts = PoolCounts.of(self.block_manager, self.scheduler, self.observers.counters)
+        self.trace.on_step(self.num_steps, started, time.perf_counter() - timer, shape, counts)
         outputs = []
         for request in touched.values():
             outputs.append(request.output())
             if request.is_finished:
                 request.metrics.finished_time = now
                 del self.requests[request.request_id]
+                self.trace.on_finish(self.num_steps, request)
         return outputs
 
     def admit(self, seq: Sequence) -> bool:
@@ -276,6 +278,7 @@ class LLMEngine:
         tokens: the logits of each one's last token, in the order given. NoFreeBlocksError,
         preempting nothing, when the pool cannot hold them; end the step with emit_progress."""
         self._begin_step()
+        self.trace.note("a beam search ran, which a what-if replay leaves out")
         sampled, logits = self._run(self.scheduler.schedule_exactly(seqs))
         row = {seq.seq_id: i for i, seq in enumerate(sampled)}
         return logits[torch.tensor([row[s.seq_id] for s in seqs], device=logits.device)]
@@ -286,6 +289,10 @@ class LLMEngine:
         for seq in seqs:
             seen[seq.seq_id] = (seq.seq_id, seq.num_tokens, seq.num_computed_tokens)
         self.observers.events.emit(StepProgress, lens=tuple(seen.values()))
+
+    def _now(self) -> float:
+        """The clock of request metrics (a what-if simulation keeps its own)."""
+        return time.time()
 
     def _begin_step(self) -> None:
         # Events from here until the step has run belong to it.
@@ -318,18 +325,7 @@ class LLMEngine:
         return out_seqs, logits[torch.tensor(rows, device=logits.device)]
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list:
-        """Sample every row; if the batch fails, row by row, so that one request's failure
-        (an exception for its parameters) fails that request alone and the others go on."""
-        try:
-            return self.sampler(logits, rows)
-        except Exception:
-            results: list = []
-            for i, row in enumerate(rows):
-                try:
-                    results.extend(self.sampler(logits[i : i + 1], [row]))
-                except Exception as e:  # this row's own failure: reported on its output
-                    results.append(e)
-            return results
+        return self.sampler.each_or_its_error(logits, rows)
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         params = seq.request.params
@@ -346,6 +342,7 @@ class LLMEngine:
         self.scheduler.finish(seq)
 
     def _append_token(self, seq: Sequence, result: SampleResult, now: float) -> None:
+        seq.request.first_token_step = seq.request.first_token_step or self.num_steps
         reason = seq.append_token(result, now, self.eos_token_ids, self.max_seq_len)
         if reason is not None:
             seq.finish_reason = reason
@@ -391,7 +388,10 @@ class LLMEngine:
         self.stop_recording()
         if self.has_unfinished_requests():
             raise ValueError("start recording on an idle engine, so the replay starts from empty")
-        self.observers.start_recording(path, str(self.model_source))
+        trace = {"trace": self.trace.settings.to_json(), "trace_start_step": self.num_steps}
+        self.observers.start_recording(path, str(self.model_source), trace)
+        self.trace.writer = self.observers.recorder
 
     def stop_recording(self) -> None:
+        self.trace.writer = None
         self.observers.stop_recording()

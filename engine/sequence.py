@@ -140,6 +140,9 @@ class Request:
     sequences: list[Sequence] = field(default_factory=list)
     # Samples (n > 1) that will fork from sequences[0] when its prompt is computed.
     pending_forks: list[Sequence] = field(default_factory=list)
+    # Engine steps of its milestones, for the traffic trace (engine.trace); 0 until reached.
+    first_scheduled_step: int = 0
+    first_token_step: int = 0
     stop_checker: StopChecker = field(init=False)
 
     def __post_init__(self) -> None:

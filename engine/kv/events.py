@@ -6,7 +6,7 @@ so a misspelt kind is an import error, never a run-time surprise. The log stamps
 the engine step it belongs to and the wall time, and keeps only the most recent ones, so a long
 session cannot grow memory without bound.
 
-Session file format, version 3 (`FORMAT_VERSION`; version 2 files still read): UTF-8 JSON lines.
+Session file format, version 4 (`FORMAT_VERSION`; versions 2 and 3 still read): UTF-8 JSON lines.
 
 - Line 1, the header: an object `{"kvscope_events": 2, "num_blocks": int, "block_size": int,
   "allocator": "paged" | "contiguous", "max_seq_len": int, "model": str, "cached_blocks":
@@ -35,6 +35,10 @@ Session file format, version 3 (`FORMAT_VERSION`; version 2 files still read): U
   step_progress       lens: [[seq_id, num_tokens,            end of a step: how far each
                       num_computed_tokens], ...]             sequence got
 
+Version 4 interleaves the traffic trace's lines (`engine.trace`: kinds `trace_request`,
+`trace_finish`, `trace_step`), which `read_events` passes over and `engine.trace.read_trace`
+reads; a version 3 file has none and replays as before.
+
 `read_events` checks the version and every line: a JSON object of a known kind with exactly its
 fields, each of its type (ints below 2**63, lines up to 64 MiB, the header 256 MiB); anything
 else is a ValueError naming the line and the problem. `engine.kv.replay` checks the rest:
@@ -46,28 +50,30 @@ nothing before its window). In version 2 files both are absent and 0.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-import types
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar, get_args, get_type_hints
+from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar, get_type_hints
 
 from engine.kv.session_json import (
     MAX_HEADER_BYTES,
-    MAX_INT,
+    decode_field,
     decode_line,
     load_json,
     numbered_lines,
     shown,
 )
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # Version 2 files (before KV groups) read the same: their events lack the fields that have a
-# default (group, start), which then take it.
-READABLE_VERSIONS = (2, 3)
+# default (group, start), which then take it. Version 4 adds the traffic trace's lines (kinds
+# starting "trace_", engine/trace) and a "trace" header entry; version 3 files have neither.
+READABLE_VERSIONS = (2, 3, 4)
+TRACE_KIND_PREFIX = "trace_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,75 +270,47 @@ def event_to_json(event: KVEvent) -> str:
     return json.dumps(record, separators=(",", ":"))
 
 
-# Field name -> type of every kind, resolved once.
-_FIELD_TYPES: dict[type[KVEvent], dict[str, Any]] = {
-    cls: {f.name: get_type_hints(cls)[f.name] for f in fields(cls)} for cls in EVENT_TYPES.values()
-}
+@functools.cache
+def _field_types(cls: type[KVEvent]) -> dict[str, Any]:
+    """Field name -> type of a kind, resolved once."""
+    return {f.name: get_type_hints(cls)[f.name] for f in fields(cls)}
 
 
-# Fields a line may leave out (they came with format version 3 and have a default).
-_DEFAULTED: dict[type[KVEvent], set[str]] = {
-    cls: {f.name for f in fields(cls) if f.default is not MISSING} for cls in EVENT_TYPES.values()
-}
+@functools.cache
+def _defaulted(cls: type[KVEvent]) -> frozenset[str]:
+    """Fields a line may leave out (they came with format version 3 and have a default)."""
+    return frozenset(f.name for f in fields(cls) if f.default is not MISSING)
 
 
-def event_from_json(line: str) -> KVEvent:
-    """Parse one event line; ValueError says what is wrong with it."""
-    record = load_json(line)
+def is_trace_line(record: object) -> bool:
+    """A version-4 traffic trace line (engine.trace), which the KV replay passes over."""
+    return isinstance(record, dict) and str(record.get("kind", "")).startswith(TRACE_KIND_PREFIX)
+
+
+def event_from_json(line: str | dict, kinds: dict[str, type[KVEvent]] = EVENT_TYPES) -> KVEvent:
+    """Parse one event line (or its decoded JSON) into one of `kinds`; ValueError says what is
+    wrong with it."""
+    record = load_json(line) if isinstance(line, str) else line
     if not isinstance(record, dict):
         raise ValueError(f"an event is a JSON object, got {type(record).__name__}")
+    record = dict(record)  # the caller's stays whole
     kind = record.pop("kind", None)
-    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    cls = kinds.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ValueError(f"unknown KV event kind {shown(kind)}")
-    types_ = _FIELD_TYPES[cls]
-    missing = types_.keys() - record.keys() - _DEFAULTED[cls]
+    types_ = _field_types(cls)
+    missing = types_.keys() - record.keys() - _defaulted(cls)
     extra = record.keys() - types_.keys()
     if missing:
         raise ValueError(f"{kind} event lacks fields {sorted(missing)}")
     if extra:
         raise ValueError(f"{kind} event has unknown fields {sorted(extra)}")
     values = {
-        name: _decode(record[name], hint, f"{kind}.{name}")
+        name: decode_field(record[name], hint, f"{kind}.{name}")
         for name, hint in types_.items()
         if name in record
     }
     return cls(**values)
-
-
-def _decode(value: Any, hint: Any, where: str) -> Any:
-    """`value` as JSON gives it, checked against (and converted to) the field type `hint`."""
-    if hint is bool:
-        ok = isinstance(value, bool)
-    elif hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        if ok and value > MAX_INT:
-            raise ValueError(f"{where} is {shown(value)}, above the format's limit 2**63 - 1")
-    elif hint is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif hint is str:
-        ok = isinstance(value, str)
-    elif isinstance(hint, types.UnionType):  # only `str | None` so far
-        if value is None:
-            return None
-        return _decode(value, next(a for a in get_args(hint) if a is not type(None)), where)
-    else:  # tuple[X, ...] or a fixed tuple[X, Y, Z]
-        args = get_args(hint)
-        homogeneous = len(args) == 2 and args[1] is Ellipsis
-        ok = isinstance(value, list) and (homogeneous or len(value) == len(args))
-        if ok:
-            item_types = [args[0]] * len(value) if homogeneous else args
-            return tuple(_decode(v, t, where) for v, t in zip(value, item_types, strict=True))
-    if not ok:
-        raise ValueError(f"{where} must be {_type_name(hint)}, got {shown(value)}")
-    return value
-
-
-def _type_name(hint: Any) -> str:
-    return {bool: "a bool", int: "an int >= 0", float: "a number", str: "a string"}.get(
-        hint, f"a list ({hint})"
-    )
 
 
 class EventRecorder:
@@ -383,6 +361,8 @@ def read_numbered_events(path: str | Path) -> tuple[dict, Iterator[tuple[int, KV
 def _parse_lines(path: Path) -> Iterator[tuple[int, KVEvent]]:
     for number, line in numbered_lines(path):
         try:
-            yield number, event_from_json(line)
+            record = load_json(line)
+            if not is_trace_line(record):
+                yield number, event_from_json(record)
         except ValueError as e:  # json.JSONDecodeError is one too
             raise ValueError(f"{path}:{number}: {e}") from None

@@ -24,6 +24,7 @@ class PoolObservers:
         allocator: str,
         max_seq_len: int,
         group_windows: tuple[int | None, ...] = (None,),
+        with_shadow: bool = True,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -34,7 +35,7 @@ class PoolObservers:
         self.telemetry = PoolTelemetry(num_blocks, block_size, allocator, group_windows)
         self.events.subscribe(self.telemetry)
         self.shadow: ContiguousShadow | None = None
-        if allocator == "paged":
+        if allocator == "paged" and with_shadow:
             self.shadow = ContiguousShadow(
                 num_blocks, block_size, max_seq_len, num_groups=len(group_windows)
             )
@@ -51,9 +52,10 @@ class PoolObservers:
     def shadow_snapshot(self) -> KVSnapshot | None:
         return self.shadow.snapshot() if self.shadow is not None else None
 
-    def start_recording(self, path: str | Path, model: str) -> None:
+    def start_recording(self, path: str | Path, model: str, extra_header: dict | None = None):
         """Write every event from now on to a session file that `replay_events` reads back.
-        The header carries what the pool holds already, so the replay starts where we are."""
+        The header carries what the pool holds already, so the replay starts where we are;
+        `extra_header` adds entries of its own (the traffic trace's settings)."""
         self.stop_recording()
         header = {
             "num_blocks": self.num_blocks,
@@ -67,9 +69,15 @@ class PoolObservers:
             "cached_groups": self.telemetry.group[self.telemetry.has_hash].tolist(),
             # Cumulative counters so far, so replayed metrics match the live ones exactly.
             "counters": dataclasses.asdict(self.counters),
+            **(extra_header or {}),
         }
         self._recorder = EventRecorder(path, header)
         self.events.subscribe(self._recorder)
+
+    @property
+    def recorder(self) -> EventRecorder | None:
+        """The session file being written, if any (other records than events join it)."""
+        return self._recorder
 
     def stop_recording(self) -> None:
         if self._recorder is not None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import reprlib
+import types
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 # An event line lists at most one table's blocks (a 10^6-token context is ~60k blocks of 16).
 MAX_LINE_BYTES = 64 << 20
@@ -66,3 +67,39 @@ def decode_line(path: Path, number: int, raw: bytes, limit: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}:{number}: not UTF-8 text (byte {e.start})") from None
+
+
+def decode_field(value: Any, hint: Any, where: str) -> Any:
+    """`value` as JSON gives it, checked against (and converted to) the field type `hint` of an
+    event dataclass; ValueError naming `where` when it is not of that type."""
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if ok and value > MAX_INT:
+            raise ValueError(f"{where} is {shown(value)}, above the format's limit 2**63 - 1")
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif hint is str:
+        ok = isinstance(value, str)
+    elif isinstance(hint, types.UnionType):  # only `str | None` so far
+        if value is None:
+            return None
+        return decode_field(value, next(a for a in get_args(hint) if a is not type(None)), where)
+    else:  # tuple[X, ...] or a fixed tuple[X, Y, Z]
+        args = get_args(hint)
+        homogeneous = len(args) == 2 and args[1] is Ellipsis
+        ok = isinstance(value, list) and (homogeneous or len(value) == len(args))
+        if ok:
+            item_types = [args[0]] * len(value) if homogeneous else args
+            return tuple(decode_field(v, t, where) for v, t in zip(value, item_types, strict=True))
+    if not ok:
+        raise ValueError(f"{where} must be {_type_name(hint)}, got {shown(value)}")
+    return value
+
+
+def _type_name(hint: Any) -> str:
+    return {bool: "a bool", int: "an int >= 0", float: "a number", str: "a string"}.get(
+        hint, f"a list ({hint})"
+    )

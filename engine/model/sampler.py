@@ -66,6 +66,22 @@ class Sampler:
                 tokens[idx] = self._sample(scores[idx], [rows[i] for i in random_rows])
         return _results(logits, tokens, rows)
 
+    def each_or_its_error(
+        self, logits: torch.Tensor, rows: list[SamplingRow]
+    ) -> list[SampleResult | Exception]:
+        """Sample every row; if the batch fails, row by row, so that one request's failure
+        (an exception for its parameters) fails that request alone and the others go on."""
+        try:
+            return self(logits, rows)
+        except Exception:
+            results: list[SampleResult | Exception] = []
+            for i, row in enumerate(rows):
+                try:
+                    results.extend(self(logits[i : i + 1], [row]))
+                except Exception as e:  # this row's own failure: reported on its output
+                    results.append(e)
+            return results
+
     def _sample(self, scores: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         temperature = [r.params.temperature for r in rows]
         scores = scores / torch.tensor(temperature, device=scores.device).unsqueeze(1)

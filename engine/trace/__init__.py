@@ -1,0 +1,25 @@
+"""The traffic trace: what every request and step of a session did, for what-if replays
+(engine.whatif). The engine keeps one always (`LLMEngine.trace`); recordings carry it."""
+
+from engine.trace.file import read_trace
+from engine.trace.log import Trace, TraceLog
+from engine.trace.records import (
+    PoolCounts,
+    StepShape,
+    TracedFinish,
+    TracedRequest,
+    TracedStep,
+    TraceSettings,
+)
+
+__all__ = [
+    "PoolCounts",
+    "StepShape",
+    "Trace",
+    "TraceLog",
+    "TraceSettings",
+    "TracedFinish",
+    "TracedRequest",
+    "TracedStep",
+    "read_trace",
+]
