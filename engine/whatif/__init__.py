@@ -1,0 +1,30 @@
+"""What if: replay a session's own traffic under other settings, without the model.
+
+`simulate(trace, WhatIf(block_size=32))` runs the trace's requests through the engine's own
+scheduler and allocator (engine.whatif.sim_engine) and times the steps with a cost model fitted
+to the trace (engine.whatif.cost_model); `sweep` runs a grid of them."""
+
+from engine.whatif.cost_model import CostModel
+from engine.whatif.pool_at import PoolSeeker
+from engine.whatif.settings import SimConfig, WhatIf, recorded_config, resolve
+from engine.whatif.simulate import SimResult, simulate
+from engine.whatif.summary import RequestOutcome, SimSummary, recorded_summary
+from engine.whatif.sweep import KNOBS, SweepPoint, grid, sweep
+
+__all__ = [
+    "KNOBS",
+    "CostModel",
+    "PoolSeeker",
+    "SweepPoint",
+    "grid",
+    "sweep",
+    "RequestOutcome",
+    "SimConfig",
+    "SimResult",
+    "SimSummary",
+    "WhatIf",
+    "recorded_config",
+    "recorded_summary",
+    "resolve",
+    "simulate",
+]

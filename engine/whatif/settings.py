@@ -1,0 +1,218 @@
+"""What a what-if may change, and what that comes to against the recorded settings.
+
+`WhatIf` holds the knobs a user turns (None: as recorded); `resolve` turns them into the pool
+and limits a simulation runs under. The pool keeps its bytes unless told otherwise: block size
+32 over a recorded pool of 1,456 blocks of 16 is 728 blocks of the same memory, and an fp8 KV
+cache over a bfloat16 one holds twice the blocks, as the engine's planner would size them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from engine.byte_units import parse_bytes
+from engine.config import ALLOCATORS, BLOCK_SIZES
+from engine.kv.kv_cache import KVCache
+from engine.kv.layout import KVLayout
+from engine.trace.records import TraceSettings
+
+# What `kv_dtype` takes: as recorded, or a KV cache of this element type.
+KV_DTYPES = {
+    "auto": None,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "fp8": torch.float8_e4m3fn,
+}
+MAX_RATE_SCALE = 100.0
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The knobs of a what-if; None keeps the recorded value."""
+
+    kv_pool: int | None = None  # bytes of KV pool
+    num_blocks: int | None = None  # or the pool as a block count (wins over kv_pool)
+    block_size: int | None = None
+    kv_dtype: str = "auto"
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    max_batched_tokens: int | None = None
+    prefix_caching: bool | None = None
+    allocator: str | None = None
+    honour_windows: bool | None = None  # sliding-window layers give their blocks back
+    rate_scale: float = 1.0  # arrivals this many times as fast (same requests, same order)
+
+    @classmethod
+    def from_text(cls, values: dict[str, str]) -> WhatIf:
+        """From `name=value` text (the command line's --set); ValueError names the bad one."""
+        known = {f.name: f for f in fields(cls)}
+        aliases = {"kv_pool_bytes": "kv_pool", "prefix_cache": "prefix_caching"}
+        out = {}
+        for raw_name, text in values.items():
+            name = aliases.get(raw_name, raw_name)
+            if name not in known:
+                raise ValueError(f"unknown what-if setting {raw_name!r}; one of {sorted(known)}")
+            out[name] = _parse(name, text.strip())
+        return cls(**out)
+
+    def describe(self) -> str:
+        """The knobs that differ from the recording, e.g. 'block_size=32, kv_pool=256 MiB'."""
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value == f.default:
+                continue
+            if f.name == "kv_pool":
+                value = f"{value / 2**20:,.0f} MiB"
+            parts.append(f"{f.name}={value}")
+        return ", ".join(parts) or "as recorded"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The concrete settings one simulation runs under."""
+
+    num_blocks: int
+    block_size: int
+    kv_dtype: str  # torch dtype name
+    bytes_per_block: int
+    max_num_seqs: int
+    max_model_len: int
+    max_batched_tokens: int
+    enable_prefix_caching: bool
+    allocator: str
+    release_window_blocks: bool
+    rate_scale: float
+    layer_windows: tuple[int | None, ...]
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+    def layout(self) -> KVLayout:
+        honour = self.allocator == "paged" and self.release_window_blocks
+        return KVLayout.for_windows(self.layer_windows, self.block_size, honour_windows=honour)
+
+    def same_pool_as(self, recorded: TraceSettings) -> bool:
+        """Every knob as recorded: the simulation should be the recording itself."""
+        return (
+            self.num_blocks == recorded.num_blocks
+            and self.block_size == recorded.block_size
+            and self.kv_dtype == recorded.kv_dtype
+            and self.max_num_seqs == recorded.max_num_seqs
+            and self.max_model_len == recorded.max_model_len
+            and self.max_batched_tokens == recorded.max_batched_tokens
+            and self.enable_prefix_caching == recorded.enable_prefix_caching
+            and self.allocator == recorded.allocator
+            and self.release_window_blocks == recorded.release_window_blocks
+            and self.rate_scale == 1.0
+        )
+
+
+def recorded_config(recorded: TraceSettings) -> SimConfig:
+    return resolve(recorded, WhatIf())
+
+
+def resolve(recorded: TraceSettings, what: WhatIf) -> SimConfig:
+    """The settings `what` comes to over a recording made under `recorded`."""
+    block_size = what.block_size or recorded.block_size
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"block_size {block_size} is not one of {BLOCK_SIZES}")
+    allocator = what.allocator or recorded.allocator
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator {allocator!r} is not one of {ALLOCATORS}")
+    if what.kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype {what.kv_dtype!r} is not one of {tuple(KV_DTYPES)}")
+    dtype = KV_DTYPES[what.kv_dtype] or getattr(torch, recorded.kv_dtype)
+    release = recorded.release_window_blocks if what.honour_windows is None else what.honour_windows
+    base = SimConfig(
+        num_blocks=recorded.num_blocks,
+        block_size=recorded.block_size,
+        kv_dtype=recorded.kv_dtype,
+        bytes_per_block=0,
+        max_num_seqs=recorded.max_num_seqs,
+        max_model_len=recorded.max_model_len,
+        max_batched_tokens=recorded.max_batched_tokens,
+        enable_prefix_caching=recorded.enable_prefix_caching,
+        allocator=recorded.allocator,
+        release_window_blocks=recorded.release_window_blocks,
+        rate_scale=1.0,
+        layer_windows=recorded.layer_windows,
+    )
+    recorded_bytes = recorded.num_blocks * _block_bytes(
+        base, recorded, getattr(torch, recorded.kv_dtype)
+    )
+    config = replace(
+        base,
+        block_size=block_size,
+        kv_dtype=str(dtype).removeprefix("torch."),
+        allocator=allocator,
+        release_window_blocks=release,
+        enable_prefix_caching=(
+            recorded.enable_prefix_caching if what.prefix_caching is None else what.prefix_caching
+        ),
+        max_num_seqs=what.max_num_seqs or recorded.max_num_seqs,
+        max_model_len=what.max_model_len or recorded.max_model_len,
+        max_batched_tokens=what.max_batched_tokens or recorded.max_batched_tokens,
+        rate_scale=what.rate_scale,
+    )
+    per_block = _block_bytes(config, recorded, dtype)
+    if what.num_blocks is not None:
+        num_blocks = what.num_blocks
+    else:
+        num_blocks = (what.kv_pool if what.kv_pool is not None else recorded_bytes) // per_block
+    config = replace(config, num_blocks=num_blocks, bytes_per_block=per_block)
+    _check(config, recorded)
+    return config
+
+
+def _block_bytes(config: SimConfig, recorded: TraceSettings, dtype: torch.dtype) -> int:
+    return KVCache.bytes_per_block(
+        config.layout().group_size,
+        config.block_size,
+        recorded.num_kv_heads,
+        recorded.head_dim,
+        dtype,
+    )
+
+
+def _check(config: SimConfig, recorded: TraceSettings) -> None:
+    if config.num_blocks < 1:
+        raise ValueError(
+            f"a KV pool of {config.pool_bytes:,} bytes holds no block of "
+            f"{config.bytes_per_block:,} bytes"
+        )
+    if not 2 <= config.max_model_len <= recorded.model_context:
+        raise ValueError(
+            f"max_model_len {config.max_model_len:,} is not in [2, {recorded.model_context:,}] "
+            "(the model's context)"
+        )
+    if config.max_num_seqs < 1 or config.max_batched_tokens < 1:
+        raise ValueError("max_num_seqs and max_batched_tokens must be >= 1")
+    if not 0 < config.rate_scale <= MAX_RATE_SCALE:
+        raise ValueError(f"rate_scale {config.rate_scale} is not in (0, {MAX_RATE_SCALE:g}]")
+
+
+def _parse(name: str, text: str):
+    if name == "kv_pool":
+        return parse_bytes(text)
+    if name in ("kv_dtype", "allocator"):
+        return text
+    if name in ("prefix_caching", "honour_windows"):
+        if text.lower() in ("1", "true", "on", "yes"):
+            return True
+        if text.lower() in ("0", "false", "off", "no"):
+            return False
+        raise ValueError(f"{name} takes on or off, got {text!r}")
+    if name == "rate_scale":
+        try:
+            return float(text.lower().removeprefix("x").removesuffix("x"))
+        except ValueError:
+            raise ValueError(f"rate_scale takes a number such as 0.5 or 2, got {text!r}") from None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} takes a whole number, got {text!r}") from None

@@ -1,0 +1,174 @@
+"""Replay a trace's requests through a SimEngine under other settings: what would have happened.
+
+While the simulation's steps are the recording's (the same sequences computing the same
+tokens: every what-if starts that way, until its settings change a step), it *is* the recording:
+requests arrive before the step they arrived before, and each step starts and lasts as it did.
+From the first step that differs the simulation goes its own way: requests arrive at their
+recorded times (scaled by `rate_scale`), a step takes the cost model's time, an aborted request
+stops as long after its arrival as it did then. Under the recorded settings it never differs, so
+the replay reproduces the recorded run: blocks per step, preemptions, prefix hits, concurrency.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledBatch
+from engine.sequence import Sequence
+from engine.trace import Trace, TracedRequest, TracedStep
+from engine.trace.records import StepShape
+from engine.whatif.cost_model import CostModel
+from engine.whatif.settings import SimConfig, WhatIf, resolve
+from engine.whatif.sim_engine import RecordedRunner, SimEngine
+from engine.whatif.summary import RequestOutcome, SimSummary, summarize
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    steps: list[TracedStep]  # the simulated steps, as a trace records them (times from 0)
+    requests: list[RequestOutcome]
+    summary: SimSummary
+    cost: CostModel
+    events: list | None = None  # every KV event, with keep_events (for the block map)
+
+    @property
+    def diverged_at(self) -> int | None:
+        return self.summary.diverged_at
+
+
+def simulate(
+    trace: Trace,
+    what: WhatIf | None = None,
+    cost: CostModel | None = None,
+    keep_events: bool = False,
+) -> SimResult:
+    return _Simulation(trace, resolve(trace.settings, what or WhatIf()), cost, keep_events).run()
+
+
+class _Simulation(RecordedRunner):
+    """The loop around a SimEngine; also its runner, so that a step's time is known (and the
+    clock moves) while the engine runs it, as a real step's does."""
+
+    def __init__(
+        self, trace: Trace, config: SimConfig, cost: CostModel | None, keep_events: bool
+    ) -> None:
+        self.trace, self.config = trace, config
+        self.cost = cost or CostModel.fit(trace.steps)
+        finished = trace.finished_requests
+        outputs = {r.request_id: _recorded(trace, r) for r in finished}
+        self.engine = SimEngine(config, trace.settings, outputs, _vocab(finished, outputs))
+        if keep_events:
+            self.engine.keep_events()
+        self.engine.runner = self
+        self.t0 = min([r.time for r in finished] + [s.time for s in trace.steps[:1]], default=0)
+        self.recorded = {s.step - trace.start_step: s for s in trace.steps}
+        self.pending: deque[TracedRequest] = deque(sorted(finished, key=lambda r: (r.step, r.time)))
+        # Aborted requests: the step they were aborted before, and how long after arriving.
+        self.aborts = {
+            r.request_id: (f.step - trace.start_step, f.time - r.time)
+            for r in finished
+            if "abort" in (f := trace.finishes[r.request_id]).reasons
+        }
+        self.abort_at: dict[str, float] = {}
+        self.on_track = config.rate_scale == 1.0
+        self.diverged_at: int | None = None if self.on_track else 1
+        self.arrived: dict[str, tuple] = {}
+        self.rejected = 0
+        self.steps: list[TracedStep] = []
+        self._step_start = 0.0
+        self._step_duration = 0.0
+
+    def run(self) -> SimResult:
+        engine = self.engine
+        while self.pending or engine.has_unfinished_requests():
+            k = engine.num_steps + 1
+            if self.on_track and k not in self.recorded:
+                self._diverge(k)
+            self._arrivals(k)
+            self._due_aborts(k)
+            if not engine.has_unfinished_requests():
+                continue
+            self._step_start = engine.clock
+            engine.step()  # calls execute() below, which sets the step's duration
+            if engine.num_steps != k:
+                raise RuntimeError(f"the simulation scheduled nothing in step {k}")
+            step = engine.trace.steps[-1]
+            self.steps.append(
+                dataclasses.replace(step, time=self._step_start, duration=self._step_duration)
+            )
+            if not self.on_track:
+                engine.clock += self.cost.gap_s
+        outcomes = [RequestOutcome.of(req, at, step) for req, at, step in self.arrived.values()]
+        summary = summarize(self.steps, outcomes, self.rejected, self.diverged_at)
+        return SimResult(self.config, self.steps, outcomes, summary, self.cost, engine.events)
+
+    # ---- the runner: called by engine.step() with the batch it scheduled ------------------
+    def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
+        k = self.engine.num_steps
+        shape = StepShape.of(batch.items)
+        if self.on_track and shape != self.recorded[k].shape:
+            self._diverge(k)
+        self._step_duration = (
+            self.recorded[k].duration if self.on_track else self.cost.step_s(shape)
+        )
+        self.engine.clock += self._step_duration
+        return super().execute(batch)
+
+    # ---- between steps --------------------------------------------------------------------
+    def _arrivals(self, k: int) -> None:
+        engine, pending = self.engine, self.pending
+        if self.on_track:
+            engine.clock = max(engine.clock, self.recorded[k].time - self.t0)
+            while pending and pending[0].step - self.trace.start_step < k:
+                r = pending.popleft()
+                self._arrive(r, min(engine.clock, self._arrival_time(r)))
+            return
+        if pending and not engine.has_unfinished_requests():
+            engine.clock = max(engine.clock, self._arrival_time(pending[0]))
+        while pending and self._arrival_time(pending[0]) <= engine.clock:
+            r = pending.popleft()
+            self._arrive(r, self._arrival_time(r))
+
+    def _arrive(self, r: TracedRequest, at: float) -> None:
+        params = SamplingParams(n=r.n, max_tokens=r.max_tokens, ignore_eos=True)
+        try:
+            self.engine.add_request(r.request_id, "", params, at, list(r.prompt_token_ids))
+        except ValueError:  # these settings cannot hold its prompt (pool or max_model_len)
+            self.rejected += 1
+            return
+        self.arrived[r.request_id] = (self.engine.requests[r.request_id], at, self.engine.num_steps)
+        if r.request_id in self.aborts:
+            self.abort_at[r.request_id] = at + self.aborts[r.request_id][1]
+
+    def _due_aborts(self, k: int) -> None:
+        for request_id, due in list(self.abort_at.items()):
+            before_step = self.aborts[request_id][0] < k
+            if before_step if self.on_track else due <= self.engine.clock:
+                self.engine.abort_request(request_id)
+                del self.abort_at[request_id]
+
+    def _arrival_time(self, r: TracedRequest) -> float:
+        return (r.time - self.t0) / self.config.rate_scale
+
+    def _diverge(self, k: int) -> None:
+        self.on_track = False
+        self.diverged_at = self.diverged_at or k
+
+
+def _recorded(trace: Trace, r: TracedRequest) -> tuple:
+    finish = trace.finishes[r.request_id]
+    return finish.outputs, finish.reasons
+
+
+def _vocab(requests, outputs: dict) -> int:
+    """Token ids only go back through the allocator's hashes: any bound above them will do."""
+    top = max((max(r.prompt_token_ids) for r in requests), default=0)
+    for produced, _ in outputs.values():
+        top = max([top] + [max(p) for p in produced if p])
+    return top + 1
