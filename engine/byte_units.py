@@ -49,6 +49,11 @@ def format_bytes(n: int) -> str:
     return f"{n:,} B ({_scaled(n, 1000, 'B')}, {_scaled(n, 1024, 'iB')})"
 
 
+def format_binary(n: int) -> str:
+    """The short reading, in powers of 1024: '512.00 MiB', '1.50 GiB', '900 B'."""
+    return _scaled(n, 1024, "iB")
+
+
 def _scaled(n: int, base: int, suffix: str) -> str:
     value, prefix = float(n), ""
     for next_prefix in "KMGTP":

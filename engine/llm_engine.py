@@ -260,7 +260,7 @@ class LLMEngine:
         self.trace.on_step(self.num_steps, started, time.perf_counter() - timer, shape, counts)
         outputs = []
         for request in touched.values():
-            outputs.append(request.output())
+            outputs.append(self._output_of(request))
             if request.is_finished:
                 request.metrics.finished_time = now
                 del self.requests[request.request_id]
@@ -289,6 +289,9 @@ class LLMEngine:
         for seq in seqs:
             seen[seq.seq_id] = (seq.seq_id, seq.num_tokens, seq.num_computed_tokens)
         self.observers.events.emit(StepProgress, lens=tuple(seen.values()))
+
+    def _output_of(self, request: Request) -> RequestOutput:
+        return request.output()  # a what-if simulation, which reads none, skips building it
 
     def _now(self) -> float:
         """The clock of request metrics (a what-if simulation keeps its own)."""

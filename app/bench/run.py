@@ -84,6 +84,13 @@ def run_bench(args: argparse.Namespace) -> int:
         print(summarize_sliding(report))
         print(f"  wrote {out / 'bench_sliding.json'} and bench_sliding.png")
         return 0
+    if getattr(args, "whatif", False):
+        from app.bench.whatif_bench import run_whatif_bench, summarize_whatif
+
+        report = run_whatif_bench(Path(args.out))
+        print(summarize_whatif(report))
+        print(f"  wrote {Path(args.out) / 'bench_whatif.json'} and bench_whatif.png")
+        return 0
     if getattr(args, "soak", None) is not None:
         from app.bench.soak import run_soak_bench
 

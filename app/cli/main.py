@@ -7,6 +7,7 @@ import os
 import sys
 import typing
 
+from app.cli import whatif
 from app.core.block_hashes import ALGOS, DEFAULT_ALGO
 from app.core.engine_flags import SAMPLING_FLAGS, engine_knobs
 from engine.config import KNOB, QUANTIZATIONS, EngineConfig
@@ -303,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
         "models, windows honoured and ignored (bench_sliding.json)",
     )
     bench.add_argument(
+        "--whatif",
+        action="store_true",
+        help="instead: the what-if simulator against real runs under six settings, and a sweep's "
+        "time (bench_whatif.json)",
+    )
+    bench.add_argument(
         "--sliding-tokens", type=int, default=4000, help="--sliding: tokens to generate"
     )
     # The engine knobs for --serve, but for flags bench already has (their value serves both).
@@ -316,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(record)
     replay = sub.add_parser("replay", help="replay a recorded KV event file, step by step")
     replay.add_argument("events", help="file written by `kvscope record` or the app")
+    whatif.add_parser(sub)
     return parser
 
 
@@ -331,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         from app.cli import recording
 
         return recording.run(args)
+    if args.command == "whatif":
+        return whatif.run(args)
     if args.command == "serve":
         from app.serve.server import run as run_server
 

@@ -16,10 +16,12 @@ from typing import Protocol
 NULL_BLOCK = -1
 
 
-def live_from(table: list[int]) -> int:
-    """The first entry of a table that is not NULL (its released prefix ends there)."""
+def live_from(table: list[int], end: int | None = None) -> int:
+    """The first entry of a table that is not NULL (its released prefix ends there), looking no
+    further than `end` (then `end` when all before it are NULL)."""
+    end = len(table) if end is None else min(end, len(table))
     start = 0
-    while start < len(table) and table[start] == NULL_BLOCK:
+    while start < end and table[start] == NULL_BLOCK:
         start += 1
     return start
 

@@ -252,6 +252,13 @@ class BlockManager(KVAllocator):
         """Give `seq_id` room for `total_tokens` in every group; if a block at `write_from` is
         shared, swap in a private copy first. Returns the (src, dst) block copies the pool must
         perform."""
+        tables = self.group_tables.get(seq_id)
+        if (
+            tables is not None
+            and self.blocks_for_tokens(total_tokens) <= len(tables[0])
+            and not self._shared_at(seq_id, write_from)
+        ):
+            return []  # most decode steps: room in the last block, nothing shared to copy
         if not self.can_grow(seq_id, total_tokens, write_from):
             raise NoFreeBlocksError(
                 f"sequence {seq_id} needs {self.num_new_blocks_needed(seq_id, total_tokens)} "
@@ -298,8 +305,10 @@ class BlockManager(KVAllocator):
             return []
         freed = []
         for g, table in enumerate(tables):
+            if self.windows[g] is None:
+                continue  # a full-attention group keeps every block
             first = min(self.layout.first_needed_block(g, next_position), len(table))
-            start = live_from(table[:first])
+            start = live_from(table, first)
             if start >= first:
                 continue
             released = tuple(table[start:first])

@@ -90,6 +90,16 @@ class PoolCounters:
     prefix_hit_tokens: int = 0
     blocks_released: int = 0  # given back by sliding windows while their sequences ran
 
+    def __call__(self, event: KVEvent) -> None:
+        """Count one event (a listener of its own where no snapshot is wanted: a what-if sweep)."""
+        if isinstance(event, SequenceAdmitted):
+            self.prefix_query_tokens += event.query_tokens
+            self.prefix_hit_tokens += event.hit_tokens
+        elif isinstance(event, SequencePreempted):
+            self.num_preemptions += 1
+        elif isinstance(event, BlocksReleased):
+            self.blocks_released += len(event.blocks)
+
 
 class PoolTelemetry:
     def __init__(
@@ -116,6 +126,7 @@ class PoolTelemetry:
     # ---- event handling ------------------------------------------------------------------
     def __call__(self, event: KVEvent) -> None:
         self.step = event.step
+        self.counters(event)
         self._HANDLERS[type(event)](self, event)
 
     def _on_added(self, e: SequenceAdded) -> None:
@@ -129,8 +140,6 @@ class PoolTelemetry:
         if e.first:
             track.num_cached_tokens = e.hit_tokens
         track.num_computed_tokens = e.hit_tokens
-        self.counters.prefix_query_tokens += e.query_tokens
-        self.counters.prefix_hit_tokens += e.hit_tokens
 
     def _on_reserved(self, e: BlocksReserved) -> None:
         blocks = np.asarray(e.blocks, dtype=np.int64)
@@ -205,7 +214,6 @@ class PoolTelemetry:
     def _on_released(self, e: BlocksReleased) -> None:
         table = self.seqs[e.seq_id].group_table(e.group)
         table[e.start : e.start + len(e.blocks)] = [NULL] * len(e.blocks)
-        self.counters.blocks_released += len(e.blocks)
         self._drop(e.seq_id, e.blocks, e.start)
 
     def _on_freed(self, e: BlocksFreed) -> None:
@@ -224,7 +232,6 @@ class PoolTelemetry:
         track = self.seqs[e.seq_id]
         track.status = "preempted"
         track.num_computed_tokens = 0
-        self.counters.num_preemptions += 1
 
     def _on_finished(self, e: SequenceFinished) -> None:
         track = self.seqs.get(e.seq_id)

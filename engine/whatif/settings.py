@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from engine.byte_units import parse_bytes
+from engine.byte_units import format_binary, parse_bytes
 from engine.config import ALLOCATORS, BLOCK_SIZES
 from engine.kv.kv_cache import KVCache
 from engine.kv.layout import KVLayout
@@ -66,7 +66,7 @@ class WhatIf:
             if value == f.default:
                 continue
             if f.name == "kv_pool":
-                value = f"{value / 2**20:,.0f} MiB"
+                value = format_binary(value)
             parts.append(f"{f.name}={value}")
         return ", ".join(parts) or "as recorded"
 
@@ -165,6 +165,12 @@ def resolve(recorded: TraceSettings, what: WhatIf) -> SimConfig:
     else:
         num_blocks = (what.kv_pool if what.kv_pool is not None else recorded_bytes) // per_block
     config = replace(config, num_blocks=num_blocks, bytes_per_block=per_block)
+    if num_blocks < 1:
+        pool = what.kv_pool if what.kv_pool is not None else recorded_bytes
+        raise ValueError(
+            f"a KV pool of {format_binary(pool)} holds no block of {format_binary(per_block)} "
+            f"({config.block_size} tokens, {config.kv_dtype})"
+        )
     _check(config, recorded)
     return config
 
@@ -180,11 +186,6 @@ def _block_bytes(config: SimConfig, recorded: TraceSettings, dtype: torch.dtype)
 
 
 def _check(config: SimConfig, recorded: TraceSettings) -> None:
-    if config.num_blocks < 1:
-        raise ValueError(
-            f"a KV pool of {config.pool_bytes:,} bytes holds no block of "
-            f"{config.bytes_per_block:,} bytes"
-        )
     if not 2 <= config.max_model_len <= recorded.model_context:
         raise ValueError(
             f"max_model_len {config.max_model_len:,} is not in [2, {recorded.model_context:,}] "

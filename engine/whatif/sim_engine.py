@@ -83,6 +83,7 @@ class SimEngine(LLMEngine):
             self.max_seq_len,
             self.kv_layout.windows,
             with_shadow=False,
+            with_snapshots=False,  # a block map replays `events` (engine.whatif.pool_at)
         )
         events = self.observers.events
         self.events: list | None = None
@@ -112,6 +113,9 @@ class SimEngine(LLMEngine):
 
     def _now(self) -> float:
         return self.clock
+
+    def _output_of(self, request: Request) -> None:
+        return None
 
     def _new_sequence(self, request: Request, index: int) -> Sequence:
         ids = request.prompt_token_ids

@@ -47,6 +47,7 @@ class RequestOutcome:
 class SimSummary:
     steps: int
     makespan_s: float
+    busy_s: float  # the steps' summed durations
     preemptions: int
     peak_running: int
     peak_blocks_used: int
@@ -55,6 +56,7 @@ class SimSummary:
     rejected: int  # requests whose prompt these settings cannot hold
     mean_wait_s: float
     p95_wait_s: float
+    mean_ttft_s: float
     p50_ttft_s: float
     p95_ttft_s: float
     prefix_hit_tokens: int
@@ -77,6 +79,7 @@ def summarize(
     return SimSummary(
         steps=len(steps),
         makespan_s=end - first,
+        busy_s=float(sum(s.duration for s in steps)),
         preemptions=steps[-1].preemptions if steps else 0,
         peak_running=max((s.running for s in steps), default=0),
         peak_blocks_used=max((s.blocks_used for s in steps), default=0),
@@ -85,6 +88,7 @@ def summarize(
         rejected=rejected,
         mean_wait_s=float(np.mean(waits)) if waits else 0.0,
         p95_wait_s=_pct(waits, 95),
+        mean_ttft_s=float(np.mean(ttfts)) if ttfts else 0.0,
         p50_ttft_s=_pct(ttfts, 50),
         p95_ttft_s=_pct(ttfts, 95),
         prefix_hit_tokens=steps[-1].prefix_hit_tokens if steps else 0,
