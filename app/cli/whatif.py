@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+PARALLEL_STEPS = 10_000  # simulated steps (~0.3 ms each) past which a sweep uses processes
 COLUMNS = (
     ("blocks", 7, "{:>7,}"),
     ("preempt", 7, "{:>7,}"),
@@ -45,6 +46,12 @@ def add_parser(sub) -> None:
         "honour_windows (on/off), rate_scale (0.5, 2, ...)",
     )
     p.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="processes to simulate in (default: the physical cores; 1: this process only)",
+    )
 
 
 def combinations(sets: list[str]) -> list[dict[str, str]]:
@@ -59,8 +66,9 @@ def combinations(sets: list[str]) -> list[dict[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.cpu_threads import physical_cores
     from engine.trace import read_trace
-    from engine.whatif import CostModel, WhatIf, recorded_summary, simulate
+    from engine.whatif import CostModel, WhatIf, recorded_summary, sweep
 
     try:
         trace = read_trace(Path(args.trace))
@@ -78,18 +86,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"cost model: {cost.describe()}")
     for note in _notes(trace):
         print(f"note: {note}")
+    if args.jobs is not None and args.jobs < 1:
+        print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
     rows = [("recorded run", s.num_blocks, recorded_summary(trace).to_dict(), "")]
     started = time.perf_counter()
-    for what in [WhatIf(), *points]:
-        try:
-            result = simulate(trace, what, cost)
-        except ValueError as e:
-            rows.append((what.describe(), 0, None, str(e)))
-            continue
-        rows.append((what.describe(), result.config.num_blocks, result.summary.to_dict(), ""))
+    # A process costs ~2 s to start (torch's import): worth it past ~3 s of simulation.
+    work = (len(points) + 1) * len(trace.steps)
+    jobs = args.jobs or (physical_cores() if work > PARALLEL_STEPS else 1)
+    for point in sweep(trace, [WhatIf(), *points], cost, workers=jobs):
+        summary = point.summary.to_dict() if point.summary else None
+        rows.append((point.what.describe(), point.num_blocks, summary, point.error))
     elapsed = time.perf_counter() - started
     _print_table(rows)
-    print(f"{len(rows) - 1} simulations in {elapsed:.2f} s")
+    where = f"{jobs} processes" if jobs > 1 else "one process"
+    print(f"{len(rows) - 1} simulations in {elapsed:.2f} s ({where})")
     if args.json:
         Path(args.json).write_text(
             json.dumps(
