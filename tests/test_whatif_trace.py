@@ -111,10 +111,12 @@ def _line_like(lines: list[str], kind: str, **changes) -> str:
     return json.dumps({**record, **changes})
 
 
-def test_the_ring_drops_the_oldest_and_says_so(recording):
+@pytest.mark.parametrize("bound", [{"max_requests": 2}, {"max_tokens": 60}])
+def test_the_ring_drops_the_oldest_and_says_so(recording, bound):
+    """Two requests kept, by count or by token ids (each holds 20 prompt + 8 output)."""
     _, old = recording
     engine = LLMEngine(old.config)
-    engine.trace = TraceLog(engine.trace.settings, max_requests=2, max_steps=50)
+    engine.trace = TraceLog(engine.trace.settings, **bound)
     for i in range(4):  # one after the other: each finishes before the next arrives
         params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
         engine.add_request(f"s{i}", [3 + i] * 20, params)
@@ -127,6 +129,7 @@ def test_the_ring_drops_the_oldest_and_says_so(recording):
     assert trace.start_step == trace.requests[0].step == 16
     assert [s.step for s in trace.steps] == list(range(17, 33))
     assert simulate(trace).summary.requests == 2
+    assert engine.trace.num_tokens == 2 * 28
 
 
 def test_knobs_from_text_and_their_errors(recording):

@@ -267,7 +267,8 @@ class EventLog:
 # ---- the session file --------------------------------------------------------------------------
 def event_to_json(event: KVEvent) -> str:
     record = {"kind": event.kind, **{f.name: getattr(event, f.name) for f in fields(event)}}
-    return json.dumps(record, separators=(",", ":"))
+    # A trace record holds its token ids as compact arrays (engine/trace/records.py).
+    return json.dumps(record, separators=(",", ":"), default=list)
 
 
 @functools.cache

@@ -13,10 +13,22 @@ model's KV shape): the recorded baseline every what-if is measured against.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
 
 from engine.kv.events import TRACE_KIND_PREFIX, KVEvent
+
+MAX_TOKEN_ID = (1 << 31) - 1  # ids are kept as int32 (no vocabulary comes near)
+
+
+def token_array(ids) -> array:
+    """Token ids as an int32 array: 4 bytes a token where a tuple of ints holds 36 (the int
+    objects outlive the request in a trace). ValueError for an id out of range."""
+    try:
+        return array("i", ids)
+    except OverflowError:
+        raise ValueError(f"a token id is above {MAX_TOKEN_ID:,}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +38,12 @@ class TracedRequest(KVEvent):
 
     kind: ClassVar[str] = TRACE_KIND_PREFIX + "request"
     request_id: str
-    prompt_token_ids: tuple[int, ...]
+    prompt_token_ids: tuple[int, ...]  # in a file; an int32 array in memory
     n: int  # parallel samples
     max_tokens: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_token_ids", token_array(self.prompt_token_ids))
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +52,17 @@ class TracedFinish(KVEvent):
 
     kind: ClassVar[str] = TRACE_KIND_PREFIX + "finish"
     request_id: str
-    outputs: tuple[tuple[int, ...], ...]
+    outputs: tuple[tuple[int, ...], ...]  # each an int32 array in memory
     reasons: tuple[str | None, ...]  # "stop", "length", "abort"
     first_scheduled_step: int  # 0: never scheduled (aborted while waiting)
     first_token_step: int  # 0: no token came out
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outputs", tuple(token_array(o) for o in self.outputs))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(o) for o in self.outputs)
 
 
 @dataclass(frozen=True, slots=True)

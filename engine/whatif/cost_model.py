@@ -7,10 +7,13 @@
 prefill cost, `c` a decode's per-sequence cost (its matmul rows), `d` attention over the
 context, and `b` what a prompt chunk costs extra when it runs beside decodes: on a CPU that step
 leaves the fused decode path, and a prompt token there cost ~15x one prefilled alone (issue 29's
-finding). The fit is non-negative least squares on relative error (a 20 ms decode step counts as
-much as a 600 ms prefill), with steps over 3x the fit's median error dropped and refitted once
-(a first step's compile, a stall). `gap_s` is the median time between the end of a step and the
-start of the next one while the engine stayed busy (the caller's loop, delivering outputs).
+finding). The fit is non-negative least squares on the seconds themselves, so the long steps
+that make up most of a run's time (and of a first token's wait) weigh what they cost, and the
+fitted steps' durations add up (relative weighting fitted the many short decode steps better and
+came out 5% short over a run). Steps over 3x the median relative error of a first, relative fit
+are left out (a first step's compile, a stall). `gap_s` is the median time between the end of a
+step and the start of the next one while the engine stayed busy (the caller's loop, delivering
+outputs).
 Its error is reported on the steps it was fitted to: the mean absolute error per step, and the
 error of the whole trace's summed durations.
 """
@@ -69,11 +72,13 @@ class CostModel:
             return cls((mean, 0.0, 0.0, 0.0, 0.0), gap, len(steps), float("nan"), float("nan"))
         x = np.stack([features(s.shape) for s in steps])
         y = np.array([s.duration for s in steps])
-        coef = _nnls(x / y[:, None], np.ones(len(y)))
-        rel = np.abs(x @ coef - y) / y
+        # Outliers are found by a fit on relative error, which no single stall can pull.
+        rough = _nnls(x / y[:, None], np.ones(len(y)))
+        rel = np.abs(x @ rough - y) / y
         keep = rel <= OUTLIER_FACTOR * max(float(np.median(rel)), 0.02)
-        if keep.sum() >= MIN_STEPS and not keep.all():
-            coef = _nnls(x[keep] / y[keep, None], np.ones(int(keep.sum())))
+        if keep.sum() < MIN_STEPS:
+            keep[:] = True
+        coef = _nnls(x[keep], y[keep])
         modelled = x @ coef
         return cls(
             tuple(float(c) for c in coef),
