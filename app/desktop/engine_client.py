@@ -34,6 +34,7 @@ class EngineClient(QObject):
     _stop_load = Signal()
     _start_server = Signal(str, int, str)
     _stop_server = Signal()
+    _take_trace = Signal()
     _shutdown = Signal()
 
     def __init__(self, settings: EngineSettings, loaded_model=None, parent=None) -> None:
@@ -54,6 +55,7 @@ class EngineClient(QObject):
         self._stop_load.connect(self.worker.stop_load)
         self._start_server.connect(self.worker.start_server)
         self._stop_server.connect(self.worker.stop_server)
+        self._take_trace.connect(self.worker.take_trace)
         self._shutdown.connect(self.worker.shutdown)
         # Re-exported: connecting to these from the GUI thread gets queued delivery.
         w = self.worker
@@ -65,6 +67,7 @@ class EngineClient(QObject):
         self.kernel_status = w.kernel_status  # the CPU kernels' background compile
         self.server_state = w.server_state
         self.speed = w.speed
+        self.trace_ready = w.trace_ready  # the answer to take_trace
 
     def start(self) -> None:
         _RUNNING.add(self)
@@ -114,6 +117,10 @@ class EngineClient(QObject):
 
     def stop_server(self) -> None:
         self._stop_server.emit()
+
+    def take_trace(self) -> None:
+        """Ask for the engine's traffic trace (the What-if tab); answered by `trace_ready`."""
+        self._take_trace.emit()
 
     def shutdown(self, timeout_ms: int = 60_000) -> None:
         if self.thread.isRunning():

@@ -68,6 +68,7 @@ class EngineWorker(EngineHost):
     recording = Signal(object)  # RecordingState, after every start or stop
     server_state = Signal(object)  # ServerState, after every server start or stop
     speed = Signal(object)  # MachineSpeed: prefill and decode as measured here, every second
+    trace_ready = Signal(object)  # engine.trace.Trace of the traffic so far; None: no engine
     _server_wake = Signal()  # from the HTTP thread: served requests are queued
 
     def __init__(self, settings: EngineSettings, loaded_model=None) -> None:
@@ -178,6 +179,12 @@ class EngineWorker(EngineHost):
             return
         reserve = reply_reserve(engine.max_seq_len, max_tokens)
         self.context_usage.emit(ContextUsage(ticket, used, engine.max_seq_len, reserve))
+
+    @Slot()
+    def take_trace(self) -> None:
+        """A copy of the engine's traffic trace, for the What-if tab: taken here, on the thread
+        whose steps append to it."""
+        self.trace_ready.emit(self.llm.engine.trace.trace() if self.llm is not None else None)
 
     # ---- recording -------------------------------------------------------------------------
     @Slot(str)
