@@ -48,6 +48,12 @@ ENGINE_PUBLIC: dict[str, set[str] | None] = {
     "engine.host_memory": {"give_back_freed"},  # after a rebuild drops the old engine
     "engine.weight_fit": None,  # the weights' cost and fit before loading, for the dialog
     "engine.kv.replay": {"replay_events"},  # a recording back into snapshots
+    "engine.trace": None,  # the engine's traffic trace (LLMEngine.trace), what a what-if replays
+    "engine.whatif": None,  # the what-if simulator, sweeps and the pool at a step (What-if tab)
+    # `from engine.whatif import simulate, sweep` imports the functions, which share their
+    # modules' names (the check would take them for those modules)
+    "engine.whatif.simulate": {"simulate"},
+    "engine.whatif.sweep": {"sweep"},
 }
 ENGINE_BENCH = "engine.bench"  # the engine's own benchmarks, for `kvscope bench`
 KERNELS_PUBLIC = {

@@ -40,6 +40,7 @@ from app.desktop.server_controls import ServerControls
 from app.desktop.settings_dialog import SettingsDialog
 from app.desktop.status_bar import EngineStatusBar
 from app.desktop.theme import theme_keeper
+from app.desktop.whatif import WhatIfTab
 from app.desktop.window_geometry import first_sizes, initial_size
 from app.desktop.window_menu import add_engine_actions, build_menus
 from app.remote.connection import Connection
@@ -125,6 +126,7 @@ class MainWindow(QMainWindow):
         self.server = ServerControls(self, self.client, self.show_error, self._show_notice)
         add_engine_actions(self, self.server.actions())
         self.connect_action = add_connect_action(self, self.connections)
+        self.whatif = WhatIfTab(self)  # Engine > What if…: a tab beside "This engine"
         self.status.addPermanentWidget(self.recording.button)
         self._connect_engine()
         self.client.start()
@@ -389,6 +391,7 @@ class MainWindow(QMainWindow):
             return
         self.chats.keep_in_flight_as_stopped()
         self.remote_view.shutdown()
+        self.whatif.close()
         self.client.shutdown()
         self.store.close()
         super().closeEvent(event)

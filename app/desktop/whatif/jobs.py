@@ -1,0 +1,78 @@
+"""The jobs the panel gives its SimRunner: the recorded replay, a what-if, a sweep.
+
+Each simulation's PoolSeeker is walked to the end on the runner's thread (`warm_seeker`): its
+checkpoints keep every move of the time slider short on the GUI thread, where a first seek to
+the end of 50,000 steps would replay them all (over a second; 24 ms for 1,000 steps here).
+
+A sweep runs a point at a time, so that one point that never ends costs that point, not the
+sweep: each point beats the runner's watch; when the runner gives a stuck point up, `rest()`
+is a job for the points after it, with the stuck one kept as a point that could not run (and
+when none are left, its `done` is the whole sweep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.trace import Trace
+from engine.whatif import (
+    CostModel,
+    PoolSeeker,
+    SimResult,
+    SimSummary,
+    SweepPoint,
+    WhatIf,
+    recorded_summary,
+    simulate,
+    sweep,
+)
+
+
+def warm_seeker(result: SimResult) -> PoolSeeker:
+    """A seeker over the run that has been to its last step once (its checkpoints taken)."""
+    seeker = PoolSeeker(result.config, result.events)
+    seeker.at(seeker.last_step)
+    return seeker
+
+
+def replay_recorded(trace: Trace) -> tuple[SimResult, SimSummary, PoolSeeker, PoolSeeker]:
+    """The recorded side: the trace replayed as it ran (its pool at every step), its own
+    figures, and two seekers over it (the recorded map's, and the what-if map's while the knobs
+    are as recorded)."""
+    result = simulate(trace, keep_events=True)
+    return result, recorded_summary(trace), warm_seeker(result), warm_seeker(result)
+
+
+def simulate_whatif(
+    trace: Trace, what: WhatIf, cost: CostModel
+) -> tuple[WhatIf, SimResult, PoolSeeker]:
+    result = simulate(trace, what, cost=cost, keep_events=True)
+    return what, result, warm_seeker(result)
+
+
+class SweepJob:
+    def __init__(self, knob: str, trace: Trace, points: list[WhatIf], cost: CostModel) -> None:
+        self.knob, self.trace, self.points, self.cost = knob, trace, list(points), cost
+        self.done: list[SweepPoint] = []  # appended on the runner's thread, in order
+
+    def __call__(
+        self, cancelled: Callable[[], bool], heartbeat: Callable[[], None]
+    ) -> tuple[str, list[SweepPoint]]:
+        for what in self.points[len(self.done) :]:
+            if cancelled():
+                break
+            heartbeat()
+            self.done.extend(sweep(self.trace, [what], self.cost, cancelled))
+        return self.knob, list(self.done)
+
+    def rest(self, why: str) -> SweepJob | None:  # None: no point was in progress
+        """After the runner gave up the point in progress: a job for the points past it, the
+        stuck one kept as a point that could not run (when it was the last, the new job's `done`
+        is the whole sweep). A new job: the stuck thread may still append to this one's list."""
+        done = list(self.done)
+        if len(done) >= len(self.points):
+            return None
+        done.append(SweepPoint(self.points[len(done)], None, 0, why))
+        rest = SweepJob(self.knob, self.trace, self.points, self.cost)
+        rest.done = done
+        return rest
