@@ -17,7 +17,7 @@ from sliding_models import make_sliding_model
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.kv.replay import replay_events
 from engine.trace import Trace, read_trace
-from engine.whatif import WhatIf, recorded_summary, simulate
+from engine.whatif import PoolSeeker, WhatIf, recorded_summary, simulate
 
 WINDOW = 24
 # 48 blocks of 16 tokens for one layer (each KV group holds one of the two layers): the pool is
@@ -163,3 +163,34 @@ def test_a_session_file_carries_the_trace_and_still_replays(default_model, tmp_p
     assert result.diverged_at is None
     assert [s.counts for s in result.steps] == [s.counts for s in trace.steps]
     assert result.summary.preemptions == engine.observers.counters.num_preemptions > 0
+
+
+def test_settings_that_refuse_what_the_recording_ran_go_on_by_time(model):
+    """A pool too small for the first request's prompt: the recording ran it, these settings
+    refuse it, and the next request (which came by step) must still arrive."""
+    engine = LLMEngine(EngineConfig(model=model, device="cpu", dtype="float32", **BASE))
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    engine.add_request("long", list(range(2, 140)), greedy)
+    engine.step()
+    engine.add_request("short", list(range(2, 22)), greedy)
+    while engine.has_unfinished_requests():
+        engine.step()
+    result = simulate(engine.trace.trace(), WhatIf(num_blocks=4))
+    assert result.summary.rejected == 1 and result.summary.requests == 1
+    assert result.diverged_at == 1
+
+
+@pytest.mark.parametrize("every", [200, 5], ids=["no-checkpoint", "checkpoints"])
+def test_the_seeker_matches_the_run_at_every_step_either_way(recorded, monkeypatch, every):
+    monkeypatch.setattr("engine.whatif.pool_at.CHECKPOINT_STEPS", every)
+    result = simulate(recorded, WhatIf(kv_pool=POOL // 2), keep_events=True)
+    seeker = PoolSeeker(result.config, result.events)
+    order = list(range(1, len(result.steps) + 1))
+    for step in [*order, *reversed(order), *order[::7], 3, len(order), 9, 40, 12]:
+        m = seeker.at(step).metrics
+        counts = result.steps[step - 1]
+        assert (m.blocks_used, m.num_running, m.num_preemptions) == (
+            counts.blocks_used,
+            counts.running,
+            counts.preemptions,
+        ), step

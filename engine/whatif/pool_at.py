@@ -2,9 +2,10 @@
 
 A simulation kept with `keep_events` holds every KV event it caused; `PoolSeeker.at(step)`
 replays them into the same telemetry the live engine's snapshots come from. Going forward it
-applies only the events since the last call; going back it starts again from the nearest of the
-checkpoints it took every CHECKPOINT_STEPS steps on the way, so scrubbing a few thousand steps
-back and forth stays well under a frame's time per move.
+applies only the events since the last call, or starts from a checkpoint past where it is; going
+back it starts again from the nearest checkpoint before the step. Checkpoints are taken every
+CHECKPOINT_STEPS steps on the way, so once a seeker has been walked to the end (the app does that
+off its GUI thread) any move costs at most CHECKPOINT_STEPS steps of events.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from engine.kv.snapshot import KVSnapshot
 from engine.kv.telemetry import PoolTelemetry
 from engine.whatif.settings import SimConfig
 
-CHECKPOINT_STEPS = 200
+CHECKPOINT_STEPS = 200  # a move replays at most this many steps of events
 
 
 class PoolSeeker:
@@ -43,8 +44,9 @@ class PoolSeeker:
         """The pool after `step` (0: empty, before the first)."""
         step = max(0, min(step, self.last_step))
         end = bisect.bisect_right(self._steps, step)
-        if end < self._applied:
-            self._restore(step)
+        best = max(s for s in self._checkpoints if s <= step)
+        if end < self._applied or self._checkpoints[best][0] > self._applied:
+            self._restore(best)  # back, or forward past a checkpoint: start from it
         while self._applied < end:
             event = self.events[self._applied]
             self._telemetry(event)
@@ -56,7 +58,6 @@ class PoolSeeker:
         snapshot = self._telemetry.snapshot()
         return snapshot
 
-    def _restore(self, step: int) -> None:
-        best = max(s for s in self._checkpoints if s <= step)
+    def _restore(self, best: int) -> None:
         applied, telemetry = self._checkpoints[best]
         self._telemetry, self._applied = copy.deepcopy(telemetry), applied

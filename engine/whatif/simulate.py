@@ -93,6 +93,10 @@ class _Simulation(RecordedRunner):
             self._arrivals(k)
             self._due_aborts(k)
             if not engine.has_unfinished_requests():
+                if self.on_track and self.pending:
+                    # The recording ran step k; these settings refused what it ran: from here
+                    # requests come by time (else the step count never moves).
+                    self._diverge(k)
                 continue
             self._step_start = engine.clock
             engine.step()  # calls execute() below, which sets the step's duration
