@@ -3,9 +3,10 @@
 While the simulation's steps are the recording's (the same sequences computing the same
 tokens: every what-if starts that way, until its settings change a step), it *is* the recording:
 requests arrive before the step they arrived before, and each step starts and lasts as it did.
-From the first step that differs the simulation goes its own way: requests arrive at their
-recorded times (scaled by `rate_scale`), a step takes the cost model's time, an aborted request
-stops as long after its arrival as it did then. Under the recorded settings it never differs, so
+From the first step that differs the simulation goes its own way: a request is added at the
+first step boundary after its recorded time (scaled by `rate_scale`), as a serving loop adds it
+between steps, a step takes the cost model's time, an aborted request stops as long after its
+arrival as it did then. Under the recorded settings it never differs, so
 the replay reproduces the recorded run: blocks per step, preemptions, prefix hits, concurrency.
 """
 
@@ -136,8 +137,9 @@ class _Simulation(RecordedRunner):
         if pending and not engine.has_unfinished_requests():
             engine.clock = max(engine.clock, self._arrival_time(pending[0]))
         while pending and self._arrival_time(pending[0]) <= engine.clock:
-            r = pending.popleft()
-            self._arrive(r, self._arrival_time(r))
+            # Arrived during the step just run, it is added now, at this step boundary: the
+            # engine's own metrics count a request's wait from there too (add_request's time).
+            self._arrive(pending.popleft(), engine.clock)
 
     def _arrive(self, r: TracedRequest, at: float) -> None:
         params = SamplingParams(n=r.n, max_tokens=r.max_tokens, ignore_eos=True)
