@@ -26,7 +26,7 @@ from engine.kv.snapshot import KVSnapshot
 from engine.memory_profile import kv_layout, size_kv_pool
 from engine.model.kv_calibration import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
-from engine.model.sampler import Sampler, SampleResult, SamplingRow
+from engine.model.sampler import Sampler, SampleResult, SamplingRow, sample_each
 from engine.model_build import build_model, free_memory, kv_pool_bytes
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestMetrics, RequestOutput
@@ -328,7 +328,7 @@ class LLMEngine:
         return out_seqs, logits[torch.tensor(rows, device=logits.device)]
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list:
-        return self.sampler.each_or_its_error(logits, rows)
+        return sample_each(self.sampler, logits, rows)
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         params = seq.request.params

@@ -203,3 +203,23 @@ def test_the_command_prints_a_row_per_setting_and_writes_json(recording, tmp_pat
     assert "--set takes NAME=V1,V2" in capsys.readouterr().err
     assert main(["whatif", str(tmp_path / "none.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_recording_begun_on_cached_blocks_says_its_replay_starts_without_them(
+    recording, tmp_path
+):
+    _, old = recording
+    engine = LLMEngine(old.config)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    for name in ("first", "second"):
+        path = tmp_path / f"{name}.jsonl"
+        engine.start_recording(path)
+        engine.add_request(name, [9] * 40, params)
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.stop_recording()
+    assert read_trace(tmp_path / "first.jsonl").complete
+    second = read_trace(tmp_path / "second.jsonl")
+    assert not second.complete
+    assert "cached blocks when recording began" in second.notes[0]
+    assert second.start_step == second.requests[0].step > 0

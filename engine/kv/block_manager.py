@@ -250,15 +250,11 @@ class BlockManager(KVAllocator):
         self, seq_id: int, total_tokens: int, write_from: int | None = None
     ) -> list[tuple[int, int]]:
         """Give `seq_id` room for `total_tokens` in every group; if a block at `write_from` is
-        shared, swap in a private copy first. Returns the (src, dst) block copies the pool must
-        perform."""
+        shared, swap in a private copy first. Returns the (src, dst) copies the pool must do."""
         tables = self.group_tables.get(seq_id)
-        if (
-            tables is not None
-            and self.blocks_for_tokens(total_tokens) <= len(tables[0])
-            and not self._shared_at(seq_id, write_from)
-        ):
-            return []  # most decode steps: room in the last block, nothing shared to copy
+        if tables and self.blocks_for_tokens(total_tokens) <= len(tables[0]):
+            if not self._shared_at(seq_id, write_from):
+                return []  # most decode steps: room in the last block, nothing shared to copy
         if not self.can_grow(seq_id, total_tokens, write_from):
             raise NoFreeBlocksError(
                 f"sequence {seq_id} needs {self.num_new_blocks_needed(seq_id, total_tokens)} "

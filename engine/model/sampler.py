@@ -10,7 +10,7 @@ request's own generator.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -65,22 +65,6 @@ class Sampler:
                 idx = torch.tensor(random_rows, device=logits.device)
                 tokens[idx] = self._sample(scores[idx], [rows[i] for i in random_rows])
         return _results(logits, tokens, rows)
-
-    def each_or_its_error(
-        self, logits: torch.Tensor, rows: list[SamplingRow]
-    ) -> list[SampleResult | Exception]:
-        """Sample every row; if the batch fails, row by row, so that one request's failure
-        (an exception for its parameters) fails that request alone and the others go on."""
-        try:
-            return self(logits, rows)
-        except Exception:
-            results: list[SampleResult | Exception] = []
-            for i, row in enumerate(rows):
-                try:
-                    results.extend(self(logits[i : i + 1], [row]))
-                except Exception as e:  # this row's own failure: reported on its output
-                    results.append(e)
-            return results
 
     def _sample(self, scores: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         temperature = [r.params.temperature for r in rows]
@@ -283,3 +267,22 @@ def _results(
             top_logprobs[token_ids[i]] = logprob[i]
         results.append(SampleResult(token_ids[i], logprob[i], top_logprobs))
     return results
+
+
+def sample_each(
+    sampler: Callable[[torch.Tensor, list[SamplingRow]], list[SampleResult]],
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+) -> list[SampleResult | Exception]:
+    """Sample every row; if the batch fails, row by row, so that one request's failure
+    (an exception for its parameters) fails that request alone and the others go on."""
+    try:
+        return sampler(logits, rows)
+    except Exception:
+        results: list[SampleResult | Exception] = []
+        for i, row in enumerate(rows):
+            try:
+                results.extend(sampler(logits[i : i + 1], [row]))
+            except Exception as e:  # this row's own failure: reported on its output
+                results.append(e)
+        return results

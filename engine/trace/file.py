@@ -57,7 +57,17 @@ def read_trace(path: str | Path) -> Trace:
             finishes[record.request_id] = record
         else:
             steps.append(record)
-    return Trace(settings, tuple(requests.values()), finishes, tuple(steps), start_step)
+    notes = ()
+    cached = header.get("cached_blocks", [])
+    if isinstance(cached, list) and cached:
+        # Their prefixes are hashes here, not tokens: a replay cannot hit them as the run did.
+        notes = (
+            f"the pool held {len(cached):,} cached blocks when recording began; a replay "
+            "starts without them",
+        )
+    return Trace(
+        settings, tuple(requests.values()), finishes, tuple(steps), start_step, notes=notes
+    )
 
 
 def _check(record, requests: dict, finishes: dict, steps: list) -> int:
