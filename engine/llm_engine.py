@@ -17,11 +17,8 @@ from engine.config import EngineConfig
 from engine.cpu_threads import apply_num_threads
 from engine.detokenizer import IncrementalDetokenizer
 from engine.float32_weights import float32_choice
-from engine.kv.allocator import KVAllocator
-from engine.kv.allocators import make_allocator
 from engine.kv.events import StepProgress
 from engine.kv.kv_cache import KVCache
-from engine.kv.observers import PoolObservers
 from engine.kv.snapshot import KVSnapshot
 from engine.memory_profile import kv_layout, size_kv_pool
 from engine.model.kv_calibration import calibrate_kv_scales, calibration_token_ids
@@ -30,9 +27,10 @@ from engine.model.sampler import Sampler, SampleResult, SamplingRow, sample_each
 from engine.model_build import build_model, free_memory, kv_pool_bytes
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestMetrics, RequestOutput
+from engine.pool_parts import build_pool
 from engine.prompts import PromptInput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler
+from engine.scheduler import ScheduledBatch
 from engine.sequence import Request, Sequence
 from engine.trace import PoolCounts, StepShape, TraceLog, TraceSettings
 from engine.weight_plan import weights_quantized
@@ -83,33 +81,10 @@ class LLMEngine:
         if self.kv_cache.is_fp8:
             ids = calibration_token_ids(self.tokenizer)
             calibrate_kv_scales(self.model, self.kv_cache, ids)
-        # A sequence may not outgrow the pool: capping here is what keeps preemption deadlock-free.
-        # Sliding groups hold at most their window (plus a prefill chunk), not the whole context.
-        self.max_seq_len = self.kv_layout.max_tokens_for_blocks(
-            num_blocks, config.batched_tokens_limit, self.max_model_len
-        )
-        # Every change to the pool goes through one event stream; snapshots, the contiguous
-        # shadow, the counters stats() reports and recordings all follow it.
-        self.observers = PoolObservers(
-            num_blocks,
-            config.block_size,
-            config.allocator,
-            self.max_seq_len,
-            self.kv_layout.windows,
-        )
-        events = self.observers.events
-        self.block_manager: KVAllocator = make_allocator(
-            config.allocator,
-            num_blocks,
-            self.kv_layout,
-            self.max_seq_len,
-            config.enable_prefix_caching,
-            f"{loaded.source}|{config.kv_torch_dtype}".encode(),
-            events,
-        )
-        self.scheduler = Scheduler(
-            self.block_manager, events, config.max_num_seqs, config.batched_tokens_limit
-        )
+        salt = f"{loaded.source}|{config.kv_torch_dtype}".encode()
+        pool = build_pool(config, self.kv_layout, num_blocks, self.max_model_len, salt)
+        self.max_seq_len, self.observers = pool.max_seq_len, pool.observers
+        self.block_manager, self.scheduler = pool.allocator, pool.scheduler
         self.runner = ModelRunner(self.model, self.kv_cache)
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         self.sampler = Sampler(self.generator)

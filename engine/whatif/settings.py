@@ -96,21 +96,6 @@ class SimConfig:
         honour = self.allocator == "paged" and self.release_window_blocks
         return KVLayout.for_windows(self.layer_windows, self.block_size, honour_windows=honour)
 
-    def same_pool_as(self, recorded: TraceSettings) -> bool:
-        """Every knob as recorded: the simulation should be the recording itself."""
-        return (
-            self.num_blocks == recorded.num_blocks
-            and self.block_size == recorded.block_size
-            and self.kv_dtype == recorded.kv_dtype
-            and self.max_num_seqs == recorded.max_num_seqs
-            and self.max_model_len == recorded.max_model_len
-            and self.max_batched_tokens == recorded.max_batched_tokens
-            and self.enable_prefix_caching == recorded.enable_prefix_caching
-            and self.allocator == recorded.allocator
-            and self.release_window_blocks == recorded.release_window_blocks
-            and self.rate_scale == 1.0
-        )
-
 
 def recorded_config(recorded: TraceSettings) -> SimConfig:
     return resolve(recorded, WhatIf())

@@ -15,11 +15,10 @@ from types import SimpleNamespace
 import torch
 
 from engine.config import EngineConfig
-from engine.kv.allocators import make_allocator
-from engine.kv.observers import PoolObservers
 from engine.llm_engine import LLMEngine
 from engine.model.sampler import SampleResult
-from engine.scheduler import ScheduledBatch, Scheduler
+from engine.pool_parts import build_pool
+from engine.scheduler import ScheduledBatch
 from engine.sequence import Request, Sequence
 from engine.trace import TraceLog, TraceSettings
 from engine.whatif.settings import SimConfig
@@ -72,34 +71,20 @@ class SimEngine(LLMEngine):
         self.model_source = recorded.model
         self.max_model_len = config.max_model_len
         self.kv_layout = config.layout()
-        num_blocks = config.num_blocks
-        self.max_seq_len = self.kv_layout.max_tokens_for_blocks(
-            num_blocks, config.max_batched_tokens, config.max_model_len
-        )
-        self.observers = PoolObservers(
-            num_blocks,
-            config.block_size,
-            config.allocator,
-            self.max_seq_len,
-            self.kv_layout.windows,
-            with_shadow=False,
-            with_snapshots=False,  # a block map replays `events` (engine.whatif.pool_at)
-        )
-        events = self.observers.events
-        self.events: list | None = None
-        # The salt only changes hash values, never which blocks match.
-        self.block_manager = make_allocator(
-            config.allocator,
-            num_blocks,
+        # The salt only changes hash values, never which blocks match. A block map replays
+        # `events` (engine.whatif.pool_at), so no snapshot telemetry and no shadow follow.
+        pool = build_pool(
+            self.config,
             self.kv_layout,
-            self.max_seq_len,
-            config.enable_prefix_caching,
+            config.num_blocks,
+            config.max_model_len,
             recorded.model.encode(),
-            events,
+            with_shadow=False,
+            with_snapshots=False,
         )
-        self.scheduler = Scheduler(
-            self.block_manager, events, config.max_num_seqs, config.max_batched_tokens
-        )
+        self.max_seq_len, self.observers = pool.max_seq_len, pool.observers
+        self.block_manager, self.scheduler = pool.allocator, pool.scheduler
+        self.events: list | None = None
         self.runner = RecordedRunner()
         self.requests: dict[str, Request] = {}
         self.eos_token_ids: set[int] = set()
