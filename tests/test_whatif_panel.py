@@ -21,7 +21,7 @@ from app.desktop.theme import theme_keeper
 from app.desktop.whatif import WhatIfPanel, jobs, knobs
 from app.desktop.whatif.apply import plan_apply
 from app.desktop.whatif.panel import EMPTY_TEXT
-from app.desktop.whatif.runner import SimRunner
+from app.desktop.whatif.runner import SimRunner, Superseded
 from app.desktop.whatif.timeline import POSITIONS
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.whatif import PoolSeeker, WhatIf, recorded_config, resolve, simulate
@@ -57,6 +57,23 @@ def trace(tmp_path_factory):
     while engine.has_unfinished_requests():
         engine.step()
     return engine.trace.trace()
+
+
+class WatchedEvent(threading.Event):
+    """An Event that keeps every set (True) and clear (False) it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        super().set()
+        self.states: list[bool] = []
+
+    def set(self) -> None:
+        self.states.append(True)
+        super().set()
+
+    def clear(self) -> None:
+        self.states.append(False)
+        super().clear()
 
 
 def cpu_settings() -> AppSettings:
@@ -209,12 +226,76 @@ def test_a_stuck_simulation_is_given_up_and_the_next_one_runs(qtbot):
     runner = SimRunner(stuck_s=0.2)
     release = threading.Event()
     with qtbot.waitSignal(runner.finished, timeout=5_000) as stuck:
-        runner.submit("whatif", lambda _c, _b: release.wait(30))
+        runner.submit("whatif", lambda _job: release.wait(30))
     assert stuck.args[0].stuck and "did not finish" in stuck.args[0].error
     with qtbot.waitSignal(runner.finished, timeout=5_000) as done:
-        runner.submit("whatif", lambda _c, _b: "ran")
+        runner.submit("whatif", lambda _job: "ran")
     assert done.args[0].result == "ran" and not done.args[0].error
     release.set()
+    runner.shutdown()
+
+
+def test_between_steps_is_called_before_every_step_and_can_stop_the_run(trace):
+    what = WhatIf(kv_pool=POOL // 2)
+    calls = []
+    paced = simulate(trace, what, between_steps=lambda: calls.append(1))
+    plain = simulate(trace, what)
+    assert len(calls) >= len(paced.steps) > 0 and paced.summary == plain.summary
+
+    def stop_at_ten():
+        calls.append(1)
+        if len(calls) > 10:
+            raise Superseded
+
+    calls.clear()
+    with pytest.raises(Superseded):
+        simulate(trace, what, between_steps=stop_at_ten)
+    assert len(calls) == 11
+
+
+def test_simulations_wait_while_the_engine_works_and_then_go_on(qtbot, trace):
+    """The runner holds a what-if before its next step while the worker's idle event is
+    clear (a reply generating), beating meanwhile, so it is not given up as stuck."""
+    idle = threading.Event()
+    runner = SimRunner(stuck_s=0.3, engine_idle=idle)
+    outcomes, pauses = [], []
+    runner.finished.connect(outcomes.append)
+    runner.paused.connect(pauses.append)
+    what = WhatIf(kv_pool=POOL // 2)
+    steps = []
+
+    def job(control):
+        return simulate(
+            trace, what, between_steps=lambda: (steps.append(1), control.between_steps())
+        )
+
+    runner.submit("whatif", job)
+    qtbot.waitUntil(lambda: pauses == [True], timeout=5_000)
+    qtbot.wait(800)  # past stuck_s: still waiting, not given up, no step simulated
+    assert outcomes == [] and len(steps) == 1
+    idle.set()
+    qtbot.waitUntil(lambda: len(outcomes) == 1, timeout=TIMEOUT_MS)
+    assert pauses == [True, False] and not outcomes[0].error
+    assert outcomes[0].result.summary == simulate(trace, what).summary
+    runner.shutdown()
+
+
+def test_a_waiting_simulation_superseded_never_reports(qtbot, trace):
+    idle = threading.Event()
+    runner = SimRunner(engine_idle=idle)
+    outcomes, pauses = [], []
+    runner.finished.connect(outcomes.append)
+    runner.paused.connect(pauses.append)
+    first = runner.submit("whatif", lambda job: simulate(trace, between_steps=job.between_steps))
+    qtbot.waitUntil(lambda: pauses == [True], timeout=5_000)
+    second = runner.submit("whatif", lambda job: (job.between_steps(), "second")[1])
+    # The first one gives up (False: no lane waits), then the second one waits.
+    qtbot.waitUntil(lambda: len(pauses) == 3, timeout=5_000)
+    assert pauses == [True, False, True]
+    idle.set()
+    qtbot.waitUntil(lambda: len(outcomes) == 1, timeout=5_000)
+    qtbot.wait(300)
+    assert [(o.generation, o.result) for o in outcomes] == [(second, "second")] and first < second
     runner.shutdown()
 
 
@@ -223,10 +304,10 @@ def test_a_sweep_point_that_hangs_costs_that_point_only(panel, qtbot, monkeypatc
     real_sweep = jobs.sweep
     values = knobs.sweep_values("block_size", panel.trace.settings, panel.recorded.config)
 
-    def sweep(trace, points, cost, cancelled):
+    def sweep(trace, points, cost, **kwargs):
         if points[0].block_size == values[1]:
             release.wait(30)  # this one never ends (until the test is over)
-        return real_sweep(trace, points, cost, cancelled)
+        return real_sweep(trace, points, cost, **kwargs)
 
     monkeypatch.setattr(jobs, "sweep", sweep)
     panel.runner.stuck_s = 0.3
@@ -279,8 +360,10 @@ def test_the_tab_replays_the_workers_trace_and_applies_to_the_engine(make_window
     menus = {action.text(): action.menu() for action in window.menuBar().actions()}
     assert window.whatif.action in menus["&Engine"].actions()
     assert window.map_tabs.count() == 1
+    idle = window.client.worker.idle = WatchedEvent()  # what the worker says, in order
     window.whatif.action.trigger()
     panel = window.whatif.panel
+    assert panel.runner.engine_idle is idle  # the tab's simulations wait on the worker's word
     # Waited for here, not with waitSignal on the worker's signal: that stops its timer from
     # the worker's thread.
     qtbot.waitUntil(lambda: panel.trace is not None, timeout=TIMEOUT_MS)
@@ -289,6 +372,8 @@ def test_the_tab_replays_the_workers_trace_and_applies_to_the_engine(make_window
     assert panel.stack.currentIndex() == 0  # no traffic yet: the empty state
     with qtbot.waitSignal(window.chats.reply_finished, timeout=120_000):
         window.chats.send_message("Say hi.")
+    qtbot.waitUntil(idle.is_set, timeout=5_000)
+    assert idle.states[0] is False and idle.states[-1] is True  # busy while it replied
     panel.empty_refresh.click()
     qtbot.waitUntil(lambda: panel.result is not None, timeout=TIMEOUT_MS)
     # The worker's slot hands over the live engine's trace (read here while it is idle).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
 import weakref
 
@@ -54,9 +55,25 @@ class EngineHost(QObject):
         # torch's CPU kernels while numba's compile in the background (app/desktop/kernel_switch.py)
         self._kernels = KernelSwitch(self)
         self._kernel = "auto"  # the current engine's cpu_quant_kernel
+        # Set while the engine neither builds nor has requests to step: the What-if tab's
+        # simulations wait for it (app/desktop/whatif/runner.py), as a Python thread beside the
+        # engine's would slow each of its steps ~180x by taking the GIL back at every torch call.
+        self.idle = threading.Event()
+        self.idle.set()
+
+    def _mark_idle(self) -> None:
+        busy = self.llm is not None and self.llm.engine.has_unfinished_requests()
+        (self.idle.clear if busy else self.idle.set)()
 
     # ---- build and rebuild (runs in the worker thread) -------------------------------------
     def _build(self, settings: EngineSettings) -> None:
+        self.idle.clear()
+        try:
+            self._build_now(settings)
+        finally:
+            self._mark_idle()
+
+    def _build_now(self, settings: EngineSettings) -> None:
         from engine import LLM
         from engine.cpu_kernels import prepare_cpu_kernels
         from engine.model.loader import load_model

@@ -28,7 +28,7 @@ or shutdown stops the server first.
 
 Simulated users (app/core/loadgen.py) run here too: each loop turn admits the generator's due
 requests next to the chats, and reports their ends back to it; when the engine is idle the loop
-sleeps until the next arrival.
+sleeps until the next arrival. `idle` (EngineHost) is kept true to "no request, no build".
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ class EngineWorker(EngineHost):
         self.stop_recording()
         self.llm = None
         self._loaded = None
+        self.idle.set()  # nothing left to wait for
         gc.unfreeze()  # the engine was frozen at build (see _build); let it go now
         QThread.currentThread().quit()
 
@@ -144,6 +145,7 @@ class EngineWorker(EngineHost):
             return
         self._requests[request_id] = dropped
         self._dirty = True
+        self._mark_idle()
         self._wake()
 
     @Slot(str)
@@ -153,6 +155,7 @@ class EngineWorker(EngineHost):
         output = self.llm.engine.abort_request(request_id)
         dropped = self._requests.pop(request_id)
         self._dirty = True
+        self._mark_idle()
         if output is not None:
             self.request_output.emit(ReplyUpdate.from_output(output, dropped))
         self._publish()
@@ -182,8 +185,7 @@ class EngineWorker(EngineHost):
 
     @Slot()
     def take_trace(self) -> None:
-        """A copy of the engine's traffic trace, for the What-if tab: taken here, on the thread
-        whose steps append to it."""
+        """A copy of the engine's traffic trace, for the What-if tab, taken on its own thread."""
         self.trace_ready.emit(self.llm.engine.trace.trace() if self.llm is not None else None)
 
     # ---- recording -------------------------------------------------------------------------
@@ -283,6 +285,7 @@ class EngineWorker(EngineHost):
                 self.llm.engine.abort_request(request_id)
             load.on_finished(request_id)
         self._dirty = True
+        self._mark_idle()
         self.load_status.emit(False, f"stopped after {load.num_sent} requests")
 
     def _admit_load(self) -> None:
@@ -330,6 +333,7 @@ class EngineWorker(EngineHost):
         if served is not None:
             served.drain()  # the HTTP clients' adds, aborts and reads, between steps
             self._dirty = True
+        self._mark_idle()
         if engine.has_unfinished_requests():
             self._time_steps_of(engine)
             started = time.perf_counter()
@@ -349,6 +353,7 @@ class EngineWorker(EngineHost):
             if time.monotonic() - self._speed_sent >= 1.0:
                 self._speed_sent = time.monotonic()
                 self.speed.emit(self._speed.speed())
+        self._mark_idle()
         if engine.has_unfinished_requests():
             self._wake()
         elif self._load is not None and self._load.next_arrival() is not None:
@@ -392,3 +397,4 @@ class EngineWorker(EngineHost):
         if self._server is not None:
             self._server.engine_loop.fail_all(e, engine_failed=True)
         self._dirty = True
+        self._mark_idle()

@@ -5,13 +5,14 @@ scheduler and allocator (engine.whatif.sim_engine) and times the steps with a co
 to the trace (engine.whatif.cost_model); `sweep` runs a grid of them."""
 
 from engine.whatif.cost_model import CostModel
-from engine.whatif.pool_at import PoolSeeker
+from engine.whatif.pool_at import CHECKPOINT_STEPS, PoolSeeker
 from engine.whatif.settings import SimConfig, WhatIf, recorded_config, resolve
 from engine.whatif.simulate import SimResult, simulate
 from engine.whatif.summary import RequestOutcome, SimSummary, recorded_summary
 from engine.whatif.sweep import KNOBS, SweepPoint, grid, sweep
 
 __all__ = [
+    "CHECKPOINT_STEPS",
     "KNOBS",
     "CostModel",
     "PoolSeeker",

@@ -50,8 +50,10 @@ def sweep(
     cost: CostModel | None = None,
     cancelled: Callable[[], bool] = lambda: False,
     workers: int = 1,
+    between_steps: Callable[[], None] | None = None,
 ) -> list[SweepPoint]:
-    """Each point simulated, in order; `cancelled` is asked between points (one thread only)."""
+    """Each point simulated, in order; `cancelled` is asked between points, `between_steps`
+    between each one's steps (see `simulate`; in this process only)."""
     cost = cost or CostModel.fit(trace.steps)
     if workers > 1 and len(points) > 1:
         context = multiprocessing.get_context("spawn")
@@ -63,13 +65,15 @@ def sweep(
     for what in points:
         if cancelled():
             break
-        out.append(_simulated(trace, what, cost))
+        out.append(_simulated(trace, what, cost, between_steps))
     return out
 
 
-def _simulated(trace: Trace, what: WhatIf, cost: CostModel) -> SweepPoint:
+def _simulated(
+    trace: Trace, what: WhatIf, cost: CostModel, between_steps: Callable[[], None] | None = None
+) -> SweepPoint:
     try:
-        result = simulate(trace, what, cost)
+        result = simulate(trace, what, cost, between_steps=between_steps)
     except ValueError as e:
         return SweepPoint(what, None, 0, str(e))
     return SweepPoint(what, result.summary, result.config.num_blocks)

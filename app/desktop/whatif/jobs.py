@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from app.desktop.whatif.runner import JobControl
 from engine.trace import Trace
 from engine.whatif import (
+    CHECKPOINT_STEPS,
     CostModel,
     PoolSeeker,
     SimResult,
@@ -27,27 +29,39 @@ from engine.whatif import (
     sweep,
 )
 
+Pause = Callable[[], None]
 
-def warm_seeker(result: SimResult) -> PoolSeeker:
-    """A seeker over the run that has been to its last step once (its checkpoints taken)."""
+
+def _no_pause() -> None:
+    pass
+
+
+def warm_seeker(result: SimResult, between_steps: Pause = _no_pause) -> PoolSeeker:
+    """A seeker over the run that has been to its last step once (its checkpoints taken), a
+    checkpoint's stride at a time with `between_steps` between (see `JobControl`)."""
     seeker = PoolSeeker(result.config, result.events)
-    seeker.at(seeker.last_step)
+    for step in range(CHECKPOINT_STEPS, seeker.last_step + CHECKPOINT_STEPS, CHECKPOINT_STEPS):
+        between_steps()
+        seeker.at(step)
     return seeker
 
 
-def replay_recorded(trace: Trace) -> tuple[SimResult, SimSummary, PoolSeeker, PoolSeeker]:
+def replay_recorded(
+    trace: Trace, between_steps: Pause = _no_pause
+) -> tuple[SimResult, SimSummary, PoolSeeker, PoolSeeker]:
     """The recorded side: the trace replayed as it ran (its pool at every step), its own
     figures, and two seekers over it (the recorded map's, and the what-if map's while the knobs
     are as recorded)."""
-    result = simulate(trace, keep_events=True)
-    return result, recorded_summary(trace), warm_seeker(result), warm_seeker(result)
+    result = simulate(trace, keep_events=True, between_steps=between_steps)
+    seekers = warm_seeker(result, between_steps), warm_seeker(result, between_steps)
+    return result, recorded_summary(trace), *seekers
 
 
 def simulate_whatif(
-    trace: Trace, what: WhatIf, cost: CostModel
+    trace: Trace, what: WhatIf, cost: CostModel, between_steps: Pause = _no_pause
 ) -> tuple[WhatIf, SimResult, PoolSeeker]:
-    result = simulate(trace, what, cost=cost, keep_events=True)
-    return what, result, warm_seeker(result)
+    result = simulate(trace, what, cost=cost, keep_events=True, between_steps=between_steps)
+    return what, result, warm_seeker(result, between_steps)
 
 
 class SweepJob:
@@ -55,14 +69,13 @@ class SweepJob:
         self.knob, self.trace, self.points, self.cost = knob, trace, list(points), cost
         self.done: list[SweepPoint] = []  # appended on the runner's thread, in order
 
-    def __call__(
-        self, cancelled: Callable[[], bool], heartbeat: Callable[[], None]
-    ) -> tuple[str, list[SweepPoint]]:
+    def __call__(self, control: JobControl) -> tuple[str, list[SweepPoint]]:
         for what in self.points[len(self.done) :]:
-            if cancelled():
+            if control.cancelled():
                 break
-            heartbeat()
-            self.done.extend(sweep(self.trace, [what], self.cost, cancelled))
+            control.heartbeat()
+            points = sweep(self.trace, [what], self.cost, between_steps=control.between_steps)
+            self.done.extend(points)
         return self.knob, list(self.done)
 
     def rest(self, why: str) -> SweepJob | None:  # None: no point was in progress

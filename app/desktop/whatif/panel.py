@@ -11,6 +11,7 @@ the window's apply path (app/desktop/whatif/apply.py says which, and why some ca
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -53,6 +54,8 @@ DEBOUNCE_MS = 150
 EMPTY_TEXT = (
     "Chat or start simulated users, then come back: the what-if replays this engine's own traffic."
 )
+# Shown while a simulation waits (SimRunner.paused): beside the engine it would slow every step.
+WAITING_TEXT = "Waiting for the engine: the what-if goes on once no reply is being generated."
 
 
 class WhatIfPanel(QWidget):
@@ -63,6 +66,7 @@ class WhatIfPanel(QWidget):
         self,
         app_settings: Callable[[], AppSettings] = AppSettings,
         parent: QWidget | None = None,
+        engine_idle: threading.Event | None = None,  # the worker's: simulations wait for it
     ) -> None:
         super().__init__(parent)
         self.setObjectName("whatIfPanel")
@@ -76,8 +80,9 @@ class WhatIfPanel(QWidget):
         self._sweep: SweepJob | None = None  # the sweep in progress or last run
         self._as_recorded: PoolSeeker | None = None  # the what-if map's, at the recorded knobs
         self.error = ""  # resolve()'s or the simulation's error for the knobs as set
-        self.runner = SimRunner(self)
+        self.runner = SimRunner(self, engine_idle=engine_idle)
         self.runner.finished.connect(self._on_outcome)
+        self.runner.paused.connect(self._on_paused)
         self._debounce = QTimer(self, singleShot=True, interval=DEBOUNCE_MS)
         self._debounce.timeout.connect(self.resimulate)
         self._build()
@@ -100,6 +105,8 @@ class WhatIfPanel(QWidget):
         self.refresh.setToolTip("Take the engine's traffic again, with what it did since")
         self.note = QLabel(objectName="whatifNote", wordWrap=True)
         self.note.setVisible(False)
+        self.waiting = QLabel(WAITING_TEXT, objectName="whatifWaiting", wordWrap=True)
+        self.waiting.setVisible(False)
         self.controls = WhatIfControls()
         self.apply = QPushButton("Apply these settings", objectName="whatifApply")
         self.apply.setEnabled(False)
@@ -130,6 +137,7 @@ class WhatIfPanel(QWidget):
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(0, 0, 0, 0)
         top_layout.addLayout(header)
+        top_layout.addWidget(self.waiting)
         top_layout.addWidget(self.note)
         top_layout.addWidget(self.controls)
         top_layout.addWidget(self.apply_note)
@@ -177,7 +185,7 @@ class WhatIfPanel(QWidget):
         self.setStyleSheet(sheet + f" #whatifFiguresPage {{ background: {palette.ground}; }}")
         self.note.setStyleSheet(banner_style(palette))
         self.error_label.setStyleSheet(f"color: {palette.error};")
-        for label in (self.apply_note, self.cost_line, self.about):
+        for label in (self.apply_note, self.cost_line, self.about, self.waiting):
             label.setStyleSheet(f"color: {palette.muted}; font-size: 11px;")
         self.empty_text.setStyleSheet(f"color: {palette.text}; font-size: 13px;")
         self._show_runs()  # the captions' and the table's colours are the theme's
@@ -206,7 +214,10 @@ class WhatIfPanel(QWidget):
         self.headline.setText("Replaying the recording…")
         for side in (self.recorded_side, self.whatif_side):
             side.set_run(None, summary.side_caption(side.recorded, None))
-        self.runner.submit("recorded", lambda _cancelled, _beat: replay_recorded(trace))
+        self.runner.submit("recorded", lambda job: replay_recorded(trace, job.between_steps))
+
+    def _on_paused(self, paused: bool) -> None:
+        self.waiting.setVisible(paused)
 
     def _on_outcome(self, outcome: Outcome) -> None:
         if outcome.generation != self.runner.current(outcome.kind):
@@ -260,7 +271,9 @@ class WhatIfPanel(QWidget):
             self._show_whatif(what, self.recorded, self._as_recorded)
             return
         cost = self.recorded.cost
-        self.runner.submit("whatif", lambda _c, _b: simulate_whatif(trace, what, cost))
+        self.runner.submit(
+            "whatif", lambda job: simulate_whatif(trace, what, cost, job.between_steps)
+        )
 
     def _show_error(self, message: str) -> None:
         self.error = message

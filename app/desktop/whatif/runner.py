@@ -12,6 +12,12 @@ A job that stops beating (`heartbeat()`, at its start and between a sweep's poin
 simulation that never ends cannot wedge the tab. The threads are daemons: a stuck one cannot
 hold the app open at exit (concurrent.futures' workers are joined then, so they are not used).
 
+The simulations yield to the engine: given the worker's `idle` event, a job waits before its
+next simulated step while the engine generates or builds (`JobControl.between_steps`). A Python
+thread replaying steps beside the engine's took the GIL back from it at every torch call it
+made: a bundled-model decode step went from 10 ms to 1.8 s while a sweep ran. A waiting job
+beats, so the watch never gives it up, and `paused` tells the panel why nothing moves.
+
 The outcome is emitted from the lane's thread; connected to a bound method of a GUI-thread
 object, Qt queues it to the GUI thread.
 """
@@ -29,6 +35,22 @@ from PySide6.QtCore import QObject, QTimer, Signal
 KINDS = ("recorded", "whatif", "sweep")
 STUCK_S = 30.0  # a simulation of 50,000 steps takes a few seconds; this is one that never ends
 WATCH_MS = 1000
+PAUSE_POLL_S = 0.25  # how often a job waiting for the engine beats and looks for a newer job
+
+
+class Superseded(Exception):
+    """Raised in a job by `between_steps` once a newer job of its kind was asked for."""
+
+
+@dataclass(frozen=True)
+class JobControl:
+    """What a job gets from its runner."""
+
+    cancelled: Callable[[], bool]  # true once a newer job of its kind is asked for
+    heartbeat: Callable[[], None]  # says the job still moves (the watch's stuck check)
+    # Call before each simulated step: returns at once while the engine is idle, waits while it
+    # works, raises Superseded once cancelled.
+    between_steps: Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -59,10 +81,19 @@ class _Lane:
 
 class SimRunner(QObject):
     finished = Signal(object)  # Outcome, on the thread that ran the job
+    paused = Signal(bool)  # a job waits for the engine (True) or goes on (False)
 
-    def __init__(self, parent: QObject | None = None, stuck_s: float = STUCK_S) -> None:
+    def __init__(
+        self,
+        parent: QObject | None = None,
+        stuck_s: float = STUCK_S,
+        engine_idle: threading.Event | None = None,
+    ) -> None:
         super().__init__(parent)
         self.stuck_s = stuck_s
+        self.engine_idle = engine_idle  # set while the engine neither generates nor builds
+        self._waiting: set[_Lane] = set()  # lanes whose job waits for the engine
+        self._waiting_lock = threading.Lock()
         self._lanes = {name: _Lane(f"kvscope-{name}") for name in ("sim", "sweep")}
         self._generation = dict.fromkeys(KINDS, 0)
         self._closed = False
@@ -70,10 +101,9 @@ class SimRunner(QObject):
         self._watch.timeout.connect(self.check_stuck)
         self._watch.start()
 
-    def submit(self, kind: str, job: Callable[[Callable[[], bool], Callable[[], None]], object]):
-        """Run `job(cancelled, heartbeat)` on its lane; returns the job's generation.
-        `cancelled()` turns true once a newer job of the same kind is submitted (or the runner
-        shuts down); `heartbeat()` says the job still moves (a sweep calls it per point)."""
+    def submit(self, kind: str, job: Callable[[JobControl], object]):
+        """Run `job(control)` on its lane; returns the job's generation. `control.cancelled()`
+        turns true once a newer job of the same kind is submitted (or the runner shuts down)."""
         if self._closed:
             raise RuntimeError("the what-if runner was shut down")
         self._generation[kind] += 1
@@ -131,18 +161,51 @@ class SimRunner(QObject):
         def heartbeat() -> None:
             lane.beat = time.monotonic()
 
+        def between_steps() -> None:
+            if cancelled():
+                raise Superseded
+            idle = self.engine_idle
+            if idle is None or idle.is_set():
+                return
+            self._set_waiting(lane, True)
+            try:
+                while not idle.wait(PAUSE_POLL_S):
+                    heartbeat()
+                    if cancelled():
+                        raise Superseded
+            finally:
+                self._set_waiting(lane, False)
+            heartbeat()
+
         if cancelled():
             return  # superseded before it started
         lane.running, lane.beat = (kind, generation), time.monotonic()
         try:
-            outcome = Outcome(kind, generation, job(cancelled, heartbeat))
+            outcome = Outcome(
+                kind, generation, job(JobControl(cancelled, heartbeat, between_steps))
+            )
+        except Superseded:
+            return
         except ValueError as e:  # settings these knobs cannot run: the panel shows why
             outcome = Outcome(kind, generation, error=str(e))
         except Exception as e:  # any other failure is reported too, never lost with the thread
             outcome = Outcome(kind, generation, error=f"{type(e).__name__}: {e}")
         if cancelled() or self._lane(kind) is not lane:
             return  # superseded, or given up as stuck (its error went out then)
+        self._emit(self.finished, outcome)
+
+    def _set_waiting(self, lane: _Lane, waiting: bool) -> None:
+        """`paused` says whether any lane waits for the engine, when that changes."""
+        with self._waiting_lock:
+            before = bool(self._waiting)
+            (self._waiting.add if waiting else self._waiting.discard)(lane)
+            after = bool(self._waiting)
+        if after != before:
+            self._emit(self.paused, after)
+
+    @staticmethod
+    def _emit(signal, value) -> None:
         try:
-            self.finished.emit(outcome)
+            signal.emit(value)
         except RuntimeError:  # the panel (and this runner's C++ half) was deleted meanwhile
             pass

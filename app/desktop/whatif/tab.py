@@ -34,7 +34,9 @@ class WhatIfTab(QObject):
         """Show the tab (made on first use) and take a fresh trace."""
         tabs = self.window.map_tabs
         if self.panel is None:
-            self.panel = WhatIfPanel(lambda: self.window.settings)
+            # Its simulations wait while the engine works (they would slow every step of it).
+            idle = self.window.client.worker.idle
+            self.panel = WhatIfPanel(lambda: self.window.settings, engine_idle=idle)
             self.panel.apply_requested.connect(self.window.apply_settings)
             self.panel.refresh_requested.connect(self.window.client.take_trace)
             index = tabs.addTab(self.panel, TAB_TITLE)
