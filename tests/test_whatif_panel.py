@@ -197,6 +197,15 @@ def test_a_pool_that_holds_no_block_says_why_and_the_panel_goes_on(panel, qtbot)
     assert panel.result.summary.preemptions > 0
 
 
+def test_another_kv_dtype_says_its_cost_is_not_in_the_step_times(panel, qtbot):
+    assert "own cost" not in panel.headline.text()
+    panel.controls.kv_dtype.setCurrentIndex(panel.controls.kv_dtype.findData("fp8"))
+    qtbot.waitUntil(
+        lambda: panel.result is not None and panel.what.kv_dtype == "fp8", timeout=TIMEOUT_MS
+    )
+    assert "the fp8 cache&#x27;s own cost is not in them" in panel.headline.text()
+
+
 def test_the_panel_follows_the_theme(panel):
     keeper = theme_keeper()
     before = keeper.choice

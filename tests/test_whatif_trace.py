@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -12,7 +13,7 @@ from sliding_models import make_sliding_model
 from app.cli.main import main
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.trace import StepShape, TracedStep, TraceLog, read_trace
-from engine.whatif import CostModel, WhatIf, resolve, simulate
+from engine.whatif import CostModel, WhatIf, cost_caveat, resolve, simulate
 
 
 @pytest.fixture(scope="module")
@@ -164,20 +165,22 @@ def test_knobs_from_text_and_their_errors(recording):
 
 def test_the_cost_model_finds_the_costs_it_was_made_of():
     rng = np.random.default_rng(0)
-    truth = (0.004, 2e-4, 1.5e-3, 8e-4, 2e-6)  # fixed, prompt, beside decodes, decode, context
+    # fixed, prompt chunk, prompt token, beside decodes, decode, context
+    truth = (0.004, 0.01, 2e-4, 1.5e-3, 8e-4, 2e-6)
     steps = []
-    for i in range(300):
+    for i in range(1000):
         decodes = int(rng.integers(0, 16))
         prefill = int(rng.integers(0, 400)) if i % 3 == 0 or not decodes else 0
-        shape = StepShape(prefill, 1 if prefill else 0, decodes, int(rng.integers(10, 4000)))
-        x = (1, prefill, prefill if decodes else 0, decodes, shape.context_tokens)
+        chunks = int(rng.integers(1, 4)) if prefill else 0
+        shape = StepShape(prefill, chunks, decodes, int(rng.integers(10, 4000)))
+        x = (1, chunks, prefill, prefill if decodes else 0, decodes, shape.context_tokens)
         duration = float(np.dot(truth, x)) * float(rng.normal(1.0, 0.02))
         steps.append(TracedStep(i + 1, i, duration, *_shape_fields(shape), *([0] * 6)))
     steps[5] = TracedStep(6, 5, 2.0, *_shape_fields(steps[5].shape), *([0] * 6))  # a stall
     model = CostModel.fit(steps)
     assert model.coefficients == pytest.approx(truth, rel=0.08)
     assert model.mean_abs_error < 0.05
-    assert "fitted to 300 steps" in model.describe()
+    assert "fitted to 1000 steps" in model.describe()
 
 
 def _shape_fields(shape: StepShape) -> tuple:
@@ -223,3 +226,28 @@ def test_a_recording_begun_on_cached_blocks_says_its_replay_starts_without_them(
     assert not second.complete
     assert "cached blocks when recording began" in second.notes[0]
     assert second.start_step == second.requests[0].step > 0
+
+
+def test_a_kv_dtype_the_recording_did_not_run_says_its_cost_is_not_modelled(
+    recording, tmp_path, capsys
+):
+    """The cost model has no dtype term: a what-if of another KV dtype says so, and on a CPU
+    an fp8 cache over a bfloat16 one (off the fused decode path) says more."""
+    path, engine = recording
+    settings = read_trace(path).settings
+    assert settings.kv_dtype == "float32"
+    assert cost_caveat(settings, resolve(settings, WhatIf())) == ""
+    fp8 = cost_caveat(settings, resolve(settings, WhatIf(kv_dtype="fp8")))
+    assert "float32 KV cache" in fp8 and "fp8 cache's own cost" in fp8
+    assert "fused decode path" not in fp8  # a float32 run had no fused path to leave
+    bf16 = dataclasses.replace(settings, kv_dtype="bfloat16")
+    assert "fused decode path" in cost_caveat(bf16, resolve(bf16, WhatIf(kv_dtype="fp8")))
+    assert "fused" not in cost_caveat(bf16, resolve(bf16, WhatIf(kv_dtype="float32")))
+
+    out = tmp_path / "dtype.json"
+    args = ["whatif", str(path), "--set", "kv_dtype=fp8,float32", "--json", str(out)]
+    assert main([*args, "--jobs", "1"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note (")]
+    assert notes == [f"note (kv_dtype=fp8): {fp8}"]
+    rows = {row["what"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["kv_dtype=fp8"]["caveat"] == fp8 and rows["kv_dtype=float32"]["caveat"] == ""

@@ -39,6 +39,9 @@ def cases(pool: int) -> list[tuple[str, dict, dict]]:
         ("a quarter of the pool", {"kv_cache_memory": pool // 4}, {"kv_pool": pool // 4}),
         ("block size 32", {"block_size": 32}, {"block_size": 32}),
         ("prefix caching off", {"enable_prefix_caching": False}, {"prefix_caching": False}),
+        # Same bytes, twice the blocks; the cost model has no dtype term, so this row says
+        # what an 8-bit cache's (de)quantization costs the real run.
+        ("fp8 KV cache", {"kv_cache_dtype": "fp8"}, {"kv_dtype": "fp8"}),
         ("max_num_seqs 4", {"max_num_seqs": 4}, {"max_num_seqs": 4}),
         ("arrivals x2", {}, {"rate_scale": 2.0}),
     ]

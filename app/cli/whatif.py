@@ -68,7 +68,7 @@ def combinations(sets: list[str]) -> list[dict[str, str]]:
 def run(args: argparse.Namespace) -> int:
     from engine.cpu_threads import physical_cores
     from engine.trace import read_trace
-    from engine.whatif import CostModel, WhatIf, recorded_summary, sweep
+    from engine.whatif import CostModel, WhatIf, cost_caveat, recorded_summary, resolve, sweep
 
     try:
         trace = read_trace(Path(args.trace))
@@ -94,11 +94,18 @@ def run(args: argparse.Namespace) -> int:
     # A process costs ~2 s to start (torch's import): worth it past ~3 s of simulation.
     work = (len(points) + 1) * len(trace.steps)
     jobs = args.jobs or (physical_cores() if work > PARALLEL_STEPS else 1)
+    caveats = {}  # what -> what its step times cannot know (the same for every row of a dtype)
     for point in sweep(trace, [WhatIf(), *points], cost, workers=jobs):
         summary = point.summary.to_dict() if point.summary else None
-        rows.append((point.what.describe(), point.num_blocks, summary, point.error))
+        what = point.what.describe()
+        rows.append((what, point.num_blocks, summary, point.error))
+        if point.summary and (caveat := cost_caveat(s, resolve(s, point.what))):
+            caveats[what] = caveat
     elapsed = time.perf_counter() - started
     _print_table(rows)
+    for caveat in dict.fromkeys(caveats.values()):
+        names = "; ".join(w for w, c in caveats.items() if c == caveat)
+        print(f"note ({names}): {caveat}")
     where = f"{jobs} processes" if jobs > 1 else "one process"
     print(f"{len(rows) - 1} simulations in {elapsed:.2f} s ({where})")
     if args.json:
@@ -110,7 +117,13 @@ def run(args: argparse.Namespace) -> int:
                     "cost_model": {"describe": cost.describe(), **cost.__dict__},
                     "notes": _notes(trace),
                     "rows": [
-                        {"what": w, "num_blocks": b, "summary": summary, "error": error}
+                        {
+                            "what": w,
+                            "num_blocks": b,
+                            "summary": summary,
+                            "error": error,
+                            "caveat": caveats.get(w, ""),
+                        }
                         for w, b, summary, error in rows
                     ],
                     "seconds": elapsed,

@@ -6,7 +6,7 @@ to the trace (engine.whatif.cost_model); `sweep` runs a grid of them."""
 
 from engine.whatif.cost_model import CostModel
 from engine.whatif.pool_at import CHECKPOINT_STEPS, PoolSeeker
-from engine.whatif.settings import SimConfig, WhatIf, recorded_config, resolve
+from engine.whatif.settings import SimConfig, WhatIf, cost_caveat, recorded_config, resolve
 from engine.whatif.simulate import SimResult, simulate
 from engine.whatif.summary import RequestOutcome, SimSummary, recorded_summary
 from engine.whatif.sweep import KNOBS, SweepPoint, grid, sweep
@@ -24,6 +24,7 @@ __all__ = [
     "SimResult",
     "SimSummary",
     "WhatIf",
+    "cost_caveat",
     "recorded_config",
     "recorded_summary",
     "resolve",

@@ -1,9 +1,12 @@
 """A step's duration from its shape, fitted to the trace's own steps (no benchmark of its own).
 
-    duration = fixed + a × prefill tokens + b × prefill tokens beside decodes
+    duration = fixed + p × prompt chunks + a × prefill tokens + b × prefill tokens beside decodes
                + c × decoding sequences + d × context tokens attended
 
-`fixed` is a step's overhead (scheduling, sampling, the model's per-step cost), `a` the per-token
+`fixed` is a step's overhead (scheduling, sampling, the model's per-step cost), `p` what a
+sequence's prompt chunk costs whatever its length (measured on the bundled model: 15 ms + 1.7 ms
+a token from 5 to 160 tokens; without `p` the fit charged 2.3 ms a token, and a what-if with
+fewer prefix hits, hence longer chunks, modelled its first tokens 13-22% late), `a` the per-token
 prefill cost, `c` a decode's per-sequence cost (its matmul rows), `d` attention over the
 context, and `b` what a prompt chunk costs extra when it runs beside decodes: on a CPU that step
 leaves the fused decode path, and a prompt token there cost ~15x one prefilled alone (issue 29's
@@ -26,7 +29,14 @@ import numpy as np
 
 from engine.trace.records import StepShape, TracedStep
 
-TERMS = ("fixed", "prefill_token", "mixed_prefill_token", "decode_seq", "context_token")
+TERMS = (
+    "fixed",
+    "prefill_seq",
+    "prefill_token",
+    "mixed_prefill_token",
+    "decode_seq",
+    "context_token",
+)
 MIN_STEPS = 8  # fewer steps fit nothing: the model falls back to the trace's mean step
 OUTLIER_FACTOR = 3.0
 BUSY_GAP_S = 1.0  # a longer pause between steps is the engine idle, not its loop's overhead
@@ -35,7 +45,14 @@ BUSY_GAP_S = 1.0  # a longer pause between steps is the engine idle, not its loo
 def features(shape: StepShape) -> np.ndarray:
     mixed = shape.prefill_tokens if shape.decode_seqs else 0
     return np.array(
-        [1.0, shape.prefill_tokens, mixed, shape.decode_seqs, shape.context_tokens],
+        [
+            1.0,
+            shape.prefill_seqs,
+            shape.prefill_tokens,
+            mixed,
+            shape.decode_seqs,
+            shape.context_tokens,
+        ],
         dtype=np.float64,
     )
 
@@ -55,7 +72,8 @@ class CostModel:
     def describe(self) -> str:
         c = dict(zip(TERMS, self.coefficients, strict=True))
         return (
-            f"step = {c['fixed'] * 1e3:.1f} ms + {c['prefill_token'] * 1e6:.0f} µs/prompt token "
+            f"step = {c['fixed'] * 1e3:.1f} ms + {c['prefill_seq'] * 1e3:.1f} ms/prompt chunk + "
+            f"{c['prefill_token'] * 1e6:.0f} µs/prompt token "
             f"(+{c['mixed_prefill_token'] * 1e6:.0f} beside decodes) + "
             f"{c['decode_seq'] * 1e3:.2f} ms/decode + {c['context_token'] * 1e6:.2f} µs/context "
             f"token, gap {self.gap_s * 1e3:.1f} ms; fitted to {self.num_steps} steps: "
@@ -69,7 +87,8 @@ class CostModel:
         gap = _busy_gap(steps)
         if len(steps) < MIN_STEPS:
             mean = float(np.mean([s.duration for s in steps])) if steps else 0.0
-            return cls((mean, 0.0, 0.0, 0.0, 0.0), gap, len(steps), float("nan"), float("nan"))
+            coefficients = (mean,) + (0.0,) * (len(TERMS) - 1)
+            return cls(coefficients, gap, len(steps), float("nan"), float("nan"))
         x = np.stack([features(s.shape) for s in steps])
         y = np.array([s.duration for s in steps])
         # Outliers are found by a fit on relative error, which no single stall can pull.
@@ -99,7 +118,7 @@ def _busy_gap(steps: list[TracedStep]) -> float:
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """min ||a x - b|| with x >= 0 (Lawson-Hanson active set; five unknowns)."""
+    """min ||a x - b|| with x >= 0 (Lawson-Hanson active set; a handful of unknowns)."""
     n = a.shape[1]
     x = np.zeros(n)
     passive = np.zeros(n, dtype=bool)

@@ -53,7 +53,7 @@ def simulate(
 ) -> SimResult:
     """`between_steps`, when given, is called before every simulated step: it may block (the
     app holds its simulations there while its engine generates: a Python thread replaying
-    steps beside it made each of its decode steps wait for the GIL, 10 ms -> 1.8 s) or raise
+    steps beside it made its steps wait for the GIL: a 48-token reply 1.5 s -> 9.8 s) or raise
     to stop the simulation (a newer one supersedes it)."""
     config = resolve(trace.settings, what or WhatIf())
     return _Simulation(trace, config, cost, keep_events, between_steps).run()

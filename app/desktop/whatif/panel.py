@@ -46,6 +46,7 @@ from engine.whatif import (
     PoolSeeker,
     SimResult,
     WhatIf,
+    cost_caveat,
     recorded_config,
     resolve,
 )
@@ -310,7 +311,8 @@ class WhatIfPanel(QWidget):
         cost = (self.result or self.recorded).cost
         self.cost_line.setText("Cost model (the what-if's step times): " + cost.describe())
         if self.result is not None:
-            self.headline.setText(summary.headline(self.recorded_figures, self.result))
+            caveat = cost_caveat(self.trace.settings, self.result.config) if self.trace else ""
+            self.headline.setText(summary.headline(self.recorded_figures, self.result, caveat))
         else:
             self.headline.setText("")
         self.timeline.set_duration(until)  # shows the maps at the time kept

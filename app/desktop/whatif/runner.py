@@ -15,8 +15,9 @@ hold the app open at exit (concurrent.futures' workers are joined then, so they 
 The simulations yield to the engine: given the worker's `idle` event, a job waits before its
 next simulated step while the engine generates or builds (`JobControl.between_steps`). A Python
 thread replaying steps beside the engine's took the GIL back from it at every torch call it
-made: a bundled-model decode step went from 10 ms to 1.8 s while a sweep ran. A waiting job
-beats, so the watch never gives it up, and `paused` tells the panel why nothing moves.
+made: on the real window a 48-token reply took 9.8 s instead of 1.5 s while a sweep ran (1.5 s
+with the wait). A waiting job beats, so the watch never gives it up, and `paused` tells the
+panel why nothing moves.
 
 The outcome is emitted from the lane's thread; connected to a bound method of a GUI-thread
 object, Qt queues it to the GUI thread.

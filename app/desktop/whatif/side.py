@@ -28,6 +28,9 @@ FIGURES = (
     ("waiting", "WAIT", "Sequences waiting (new, or preempted) after that step"),
     ("preemptions", "PREEMPT", "Preemptions so far"),
 )
+# Each tile's share of the row, by what it must show (its caption, a value of a few digits):
+# with equal shares "PREEMPT" lost its last letter in a 1024 px window and "RUN" had room to spare.
+FIGURE_STRETCH = {"step": 6, "blocks_used": 6, "running": 4, "waiting": 5, "preemptions": 7}
 
 
 def step_index_at(ends: list[float], t: float) -> int:
@@ -60,8 +63,8 @@ class RunSide(QWidget):
             self.figures[key].setToolTip(tip)
         row = QHBoxLayout()
         row.setSpacing(4)
-        for figure in self.figures.values():
-            row.addWidget(figure, 1)
+        for key, figure in self.figures.items():
+            row.addWidget(figure, FIGURE_STRETCH[key])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(3)

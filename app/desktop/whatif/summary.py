@@ -148,8 +148,9 @@ def divergence_line(result: SimResult) -> str:
     return f"Diverges from the recording at step {at:,}{when}; from there its times are modelled."
 
 
-def headline(recorded: SimSummary, result: SimResult) -> str:
-    """The what-if's headline figures against the recording's, and where it diverges."""
+def headline(recorded: SimSummary, result: SimResult, caveat: str = "") -> str:
+    """The what-if's headline figures against the recording's, where it diverges, and what
+    its step times cannot know (engine.whatif.cost_caveat)."""
     s = result.summary
     parts = [
         f"{s.preemptions:,} preemptions (recorded {recorded.preemptions:,})",
@@ -159,7 +160,8 @@ def headline(recorded: SimSummary, result: SimResult) -> str:
     ]
     if s.rejected:
         parts.append(f"<b>{s.rejected} refused</b>")
-    return " · ".join(parts) + "<br>" + escape(divergence_line(result))
+    text = " · ".join(parts) + "<br>" + escape(divergence_line(result))
+    return text + (f"<br><i>{escape(caveat)}</i>" if caveat else "")
 
 
 def completeness_note(trace: Trace) -> str:
