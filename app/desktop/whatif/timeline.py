@@ -88,7 +88,11 @@ class Timeline(QWidget):
         self.set_time(self._time + self.speed.currentData() * TICK_MS / 1000)
 
     def _moved(self, position: int) -> None:  # the user dragged the slider
-        self._time = self.duration * position / POSITIONS
+        # The end is the duration itself: d * 10000 / 10000 can come out an ulp short of the
+        # last step's end, and the map then stopped one step before the run's last.
+        self._time = (
+            self.duration if position >= POSITIONS else self.duration * position / POSITIONS
+        )
         self._announce()
 
     def _announce(self) -> None:
