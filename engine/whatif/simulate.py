@@ -99,6 +99,16 @@ class _Simulation(RecordedRunner):
         self._step_duration = 0.0
 
     def run(self) -> SimResult:
+        try:
+            return self._run()
+        finally:
+            # The engine calls its runner, this object, which holds the engine: let go of that
+            # cycle, or a simulation's whole graph (47,000 objects on a 2,461-step trace) waits
+            # for a full collection, which holds the GIL meanwhile (a thread beside a sweep
+            # waited up to 115 ms for it; 96 ms with this, 29 ms with the collector off).
+            self.engine.runner = None
+
+    def _run(self) -> SimResult:
         engine = self.engine
         while self.pending or engine.has_unfinished_requests():
             self.between_steps()
