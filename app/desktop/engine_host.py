@@ -169,6 +169,9 @@ class EngineHost(QObject):
     # ---- telemetry -----------------------------------------------------------------------
     @Slot()
     def _publish(self) -> None:
+        # Every 100 ms (the telemetry timer), so that `idle` comes right within that time after
+        # any path that ended requests without a step after it (a stopped server's, say).
+        self._mark_idle()
         if self.llm is None:
             return
         now = time.monotonic()
