@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import pytest
 from PySide6.QtWidgets import QTabBar
@@ -19,6 +20,7 @@ from app.core.settings import AppSettings, EngineSettings
 from app.desktop.palette import DARK, LIGHT
 from app.desktop.theme import theme_keeper
 from app.desktop.whatif import WhatIfPanel, jobs, knobs
+from app.desktop.whatif import runner as runner_module
 from app.desktop.whatif.apply import plan_apply
 from app.desktop.whatif.panel import EMPTY_TEXT
 from app.desktop.whatif.runner import SimRunner, Superseded
@@ -286,6 +288,26 @@ def test_simulations_wait_while_the_engine_works_and_then_go_on(qtbot, trace):
     qtbot.waitUntil(lambda: len(outcomes) == 1, timeout=TIMEOUT_MS)
     assert pauses == [True, False] and not outcomes[0].error
     assert outcomes[0].result.summary == simulate(trace, what).summary
+    runner.shutdown()
+
+
+def test_a_running_simulation_lets_the_gui_thread_in(qtbot, monkeypatch):
+    """Between steps, a job that has simulated for YIELD_AFTER_S sleeps YIELD_S, so that the
+    GUI thread gets the GIL (it waited for it at every Qt call while a sweep ran)."""
+    sleeps = []
+    monkeypatch.setattr(runner_module.time, "sleep", sleeps.append)
+    runner = SimRunner()
+
+    def job(control):
+        started = time.perf_counter()
+        while time.perf_counter() - started < 20 * runner_module.YIELD_AFTER_S:
+            control.between_steps()
+        return "done"
+
+    with qtbot.waitSignal(runner.finished, timeout=5_000) as done:
+        runner.submit("whatif", job)
+    assert done.args[0].result == "done"
+    assert 10 <= len(sleeps) <= 21 and set(sleeps) == {runner_module.YIELD_S}
     runner.shutdown()
 
 
