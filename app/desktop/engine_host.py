@@ -170,7 +170,8 @@ class EngineHost(QObject):
     @Slot()
     def _publish(self) -> None:
         # Every 100 ms (the telemetry timer), so that `idle` comes right within that time after
-        # any path that ended requests without a step after it (a stopped server's, say).
+        # any path that ended requests without a step after it (a stop, a stopped server or
+        # simulated users, a failed step).
         self._mark_idle()
         if self.llm is None:
             return

@@ -28,7 +28,8 @@ or shutdown stops the server first.
 
 Simulated users (app/core/loadgen.py) run here too: each loop turn admits the generator's due
 requests next to the chats, and reports their ends back to it; when the engine is idle the loop
-sleeps until the next arrival. `idle` (EngineHost) is kept true to "no request, no build".
+sleeps until the next arrival. `idle` (EngineHost) is cleared where work arrives (a submit, a
+step's admissions) and set again by the loop and every telemetry tick.
 """
 
 from __future__ import annotations
@@ -155,7 +156,6 @@ class EngineWorker(EngineHost):
         output = self.llm.engine.abort_request(request_id)
         dropped = self._requests.pop(request_id)
         self._dirty = True
-        self._mark_idle()
         if output is not None:
             self.request_output.emit(ReplyUpdate.from_output(output, dropped))
         self._publish()
@@ -285,7 +285,6 @@ class EngineWorker(EngineHost):
                 self.llm.engine.abort_request(request_id)
             load.on_finished(request_id)
         self._dirty = True
-        self._mark_idle()
         self.load_status.emit(False, f"stopped after {load.num_sent} requests")
 
     def _admit_load(self) -> None:
@@ -397,4 +396,3 @@ class EngineWorker(EngineHost):
         if self._server is not None:
             self._server.engine_loop.fail_all(e, engine_failed=True)
         self._dirty = True
-        self._mark_idle()

@@ -188,6 +188,7 @@ class SimRunner(QObject):
             finally:
                 self._set_waiting(lane, False)
             heartbeat()
+            ran_since[0] = time.perf_counter()  # it let the others in while it waited
 
         if cancelled():
             return  # superseded before it started
