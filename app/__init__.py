@@ -2,4 +2,4 @@
 
 # Before any module of ours loads torch: the engine package bounds OpenMP's idle spinning first
 # (engine/omp_spin.py).
-import engine  # noqa: E402, F401
+from kvscope import engine  # noqa: E402, F401

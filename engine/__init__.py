@@ -1,13 +1,13 @@
 """KVScope's embedded paged-attention inference engine (headless; no Qt)."""
 
 # First, before anything loads torch: it bounds OpenMP's idle spinning (see there).
-import engine.omp_spin  # noqa: F401  # isort: skip
+import kvscope.engine.omp_spin  # noqa: F401  # isort: skip
 
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.llm_engine import LLMEngine
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from engine.sampling_params import (
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.llm import LLM
+from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvscope.engine.sampling_params import (
     GREEDY_TEMPERATURE,
     BeamSearchParams,
     ParamError,

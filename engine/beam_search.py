@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.kv.allocator import NoFreeBlocksError
-from engine.outputs import BeamSearchOutput, BeamSequence, RequestMetrics
-from engine.sampling_params import BeamSearchParams, SamplingParams
-from engine.sequence import Request, Sequence
+from kvscope.engine.kv.allocator import NoFreeBlocksError
+from kvscope.engine.outputs import BeamSearchOutput, BeamSequence, RequestMetrics
+from kvscope.engine.sampling_params import BeamSearchParams, SamplingParams
+from kvscope.engine.sequence import Request, Sequence
 
 if TYPE_CHECKING:
-    from engine.llm_engine import LLMEngine
+    from kvscope.engine.llm_engine import LLMEngine
 
 _search_ids = itertools.count()
 

@@ -7,7 +7,7 @@ wait would hide inside building the model's first layer.
 
 The command line waits for them (`prepare_cpu_kernels`). The app does not: its first engine runs
 torch's kernels (EngineConfig.cpu_quant_kernel="torch") while `BackgroundCompile` fills numba's
-disk cache in a separate low-priority process (`python -m engine.cpu_kernels --compile`): a
+disk cache in a separate low-priority process (`python -m kvscope.engine.cpu_kernels --compile`): a
 compile holds the GIL for seconds at a time, which in-process would stall the window. When it
 is done the app rebuilds its engine on numba's kernels, loaded from that cache in ~1 s
 (app/desktop/kernel_switch.py). A marker file in the cache says every kernel is in it; the
@@ -32,8 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.quant.cpu_layout import gemv_kernels, gemv_wanted
-from kernels import cpu_decode, cpu_gemv
+from kvscope.engine.child_python import python_module_command
+from kvscope.engine.quant.cpu_layout import gemv_kernels, gemv_wanted
+from kvscope.kernels import cpu_decode, cpu_gemv
 
 COMPILING = "Compiling the CPU kernels (once on this machine)…"
 MARKER = "kvscope-compiled.json"  # in the cache folder: every kernel below is in it
@@ -84,13 +85,13 @@ def compile_all(threads: int) -> None:
     then write the marker; raises RuntimeError where numba cannot compile here."""
     torch.set_num_threads(threads)  # the warm-ups compile the parallel entries only past 1
     said = _Said()  # the loads log why they gave up, and return None
-    for name in ("kernels.cpu_gemv", "kernels.cpu_decode"):
+    for name in ("kvscope.kernels.cpu_gemv", "kvscope.kernels.cpu_decode"):
         logging.getLogger(name).addHandler(said)
     try:
         ns = cpu_gemv.load()
         decode = cpu_decode.load() if ns is not None else None
     finally:
-        for name in ("kernels.cpu_gemv", "kernels.cpu_decode"):
+        for name in ("kvscope.kernels.cpu_gemv", "kvscope.kernels.cpu_decode"):
             logging.getLogger(name).removeHandler(said)
     if decode is None:
         raise RuntimeError(said.last or "numba's CPU kernels do not compile here")
@@ -141,7 +142,9 @@ def expected_compile_s() -> float:
 def compile_command(threads: int) -> list[str]:
     if getattr(sys, "frozen", False):  # packaging/kvscope_main.py dispatches the flag
         return [sys.executable, FROZEN_FLAG, "--threads", str(threads)]
-    return [sys.executable, "-m", "engine.cpu_kernels", "--compile", "--threads", str(threads)]
+    return python_module_command(
+        "kvscope.engine.cpu_kernels", "--compile", "--threads", str(threads)
+    )
 
 
 _RUNNING: weakref.WeakSet[BackgroundCompile] = weakref.WeakSet()
@@ -235,7 +238,7 @@ def compile_niceness() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.cpu_kernels")
+    parser = argparse.ArgumentParser(prog="python -m kvscope.engine.cpu_kernels")
     parser.add_argument("--compile", action="store_true", help="fill numba's disk cache")
     parser.add_argument("--threads", type=int, default=1, help="the engine's CPU threads")
     args = parser.parse_args(argv)

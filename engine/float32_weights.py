@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import EngineConfig
-from engine.weight_plan import RUNTIME_OVERHEAD, plan_weights, weights_quantized
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.weight_plan import RUNTIME_OVERHEAD, plan_weights, weights_quantized
 
 
 @dataclass(frozen=True)

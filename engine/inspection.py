@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine.kv.snapshot import BlockState
+from kvscope.engine.kv.snapshot import BlockState
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
-    from engine.float32_weights import WeightChoice
-    from engine.kv.allocator import KVAllocator
-    from engine.kv.kv_cache import KVCache
-    from engine.kv.layout import KVLayout
-    from engine.kv.observers import PoolObservers
-    from engine.model.llama import LlamaModel
-    from engine.scheduler import Scheduler
-    from engine.sequence import Request, Sequence
+    from kvscope.engine.config import EngineConfig
+    from kvscope.engine.float32_weights import WeightChoice
+    from kvscope.engine.kv.allocator import KVAllocator
+    from kvscope.engine.kv.kv_cache import KVCache
+    from kvscope.engine.kv.layout import KVLayout
+    from kvscope.engine.kv.observers import PoolObservers
+    from kvscope.engine.model.llama import LlamaModel
+    from kvscope.engine.scheduler import Scheduler
+    from kvscope.engine.sequence import Request, Sequence
 
 
 class InspectedEngine(Protocol):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from engine.byte_units import format_bytes
+from kvscope.engine.byte_units import format_bytes
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import inspect
 import itertools
 
-from engine.beam_search import BeamSearchRunner
-from engine.config import EngineConfig, user_knobs
-from engine.kv.snapshot import KVSnapshot
-from engine.llm_engine import LLMEngine, PromptInput
-from engine.model.loader import LoadedModel
-from engine.outputs import BeamSearchOutput, RequestOutput
-from engine.sampling_params import BeamSearchParams, SamplingParams
+from kvscope.engine.beam_search import BeamSearchRunner
+from kvscope.engine.config import EngineConfig, user_knobs
+from kvscope.engine.kv.snapshot import KVSnapshot
+from kvscope.engine.llm_engine import LLMEngine, PromptInput
+from kvscope.engine.model.loader import LoadedModel
+from kvscope.engine.outputs import BeamSearchOutput, RequestOutput
+from kvscope.engine.sampling_params import BeamSearchParams, SamplingParams
 
 Messages = list[dict]
 

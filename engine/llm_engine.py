@@ -12,28 +12,28 @@ from dataclasses import replace
 
 import torch
 
-from engine import inspection, prompts
-from engine.config import EngineConfig
-from engine.cpu_threads import apply_num_threads
-from engine.detokenizer import IncrementalDetokenizer
-from engine.float32_weights import float32_choice
-from engine.kv.events import StepProgress
-from engine.kv.kv_cache import KVCache
-from engine.kv.snapshot import KVSnapshot
-from engine.memory_profile import kv_layout, size_kv_pool
-from engine.model.kv_calibration import calibrate_kv_scales, calibration_token_ids
-from engine.model.loader import LoadedModel, load_model
-from engine.model.sampler import Sampler, SampleResult, SamplingRow, sample_each
-from engine.model_build import build_model, free_memory, kv_pool_bytes
-from engine.model_runner import ModelRunner
-from engine.outputs import RequestMetrics, RequestOutput
-from engine.pool_parts import build_pool
-from engine.prompts import PromptInput
-from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch
-from engine.sequence import Request, Sequence
-from engine.trace import PoolCounts, StepShape, TraceLog, TraceSettings
-from engine.weight_plan import weights_quantized
+from kvscope.engine import inspection, prompts
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.cpu_threads import apply_num_threads
+from kvscope.engine.detokenizer import IncrementalDetokenizer
+from kvscope.engine.float32_weights import float32_choice
+from kvscope.engine.kv.events import StepProgress
+from kvscope.engine.kv.kv_cache import KVCache
+from kvscope.engine.kv.snapshot import KVSnapshot
+from kvscope.engine.memory_profile import kv_layout, size_kv_pool
+from kvscope.engine.model.kv_calibration import calibrate_kv_scales, calibration_token_ids
+from kvscope.engine.model.loader import LoadedModel, load_model
+from kvscope.engine.model.sampler import Sampler, SampleResult, SamplingRow, sample_each
+from kvscope.engine.model_build import build_model, free_memory, kv_pool_bytes
+from kvscope.engine.model_runner import ModelRunner
+from kvscope.engine.outputs import RequestMetrics, RequestOutput
+from kvscope.engine.pool_parts import build_pool
+from kvscope.engine.prompts import PromptInput
+from kvscope.engine.sampling_params import SamplingParams
+from kvscope.engine.scheduler import ScheduledBatch
+from kvscope.engine.sequence import Request, Sequence
+from kvscope.engine.trace import PoolCounts, StepShape, TraceLog, TraceSettings
+from kvscope.engine.weight_plan import weights_quantized
 
 
 class LLMEngine:

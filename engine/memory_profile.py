@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
-from engine.kv.kv_cache import KVCache
-from engine.kv.layout import KVLayout
-from engine.model.attention import AttentionMetadata
-from engine.model.llama import LlamaModel
-from engine.model.model_config import ModelConfig
+from kvscope.engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
+from kvscope.engine.kv.kv_cache import KVCache
+from kvscope.engine.kv.layout import KVLayout
+from kvscope.engine.model.attention import AttentionMetadata
+from kvscope.engine.model.llama import LlamaModel
+from kvscope.engine.model.model_config import ModelConfig
 
 
 def kv_layout(config: EngineConfig, mc: ModelConfig) -> KVLayout:

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import torch
 
-from engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
-from engine.device_memory import system_memory
-from engine.host_memory import lean_allocations
-from engine.memory_profile import bytes_per_block
-from engine.model.gemma3 import Gemma3Model
-from engine.model.llama import LlamaModel
-from engine.model.loader import LoadedModel
-from engine.model_too_large import ModelTooLargeError
-from engine.quant.cpu_layout import kernel_choice
-from engine.weight_plan import (
+from kvscope.engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
+from kvscope.engine.device_memory import system_memory
+from kvscope.engine.host_memory import lean_allocations
+from kvscope.engine.memory_profile import bytes_per_block
+from kvscope.engine.model.gemma3 import Gemma3Model
+from kvscope.engine.model.llama import LlamaModel
+from kvscope.engine.model.loader import LoadedModel
+from kvscope.engine.model_too_large import ModelTooLargeError
+from kvscope.engine.quant.cpu_layout import kernel_choice
+from kvscope.engine.weight_plan import (
     RUNTIME_OVERHEAD,
     WAYS_OUT,
     WeightPlan,

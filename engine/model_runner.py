@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv.kv_cache import KVCache
-from engine.model.attention import AttentionMetadata
-from engine.model.llama import LlamaModel
-from engine.scheduler import ScheduledBatch
-from engine.sequence import Sequence
+from kvscope.engine.kv.kv_cache import KVCache
+from kvscope.engine.model.attention import AttentionMetadata
+from kvscope.engine.model.llama import LlamaModel
+from kvscope.engine.scheduler import ScheduledBatch
+from kvscope.engine.sequence import Sequence
 
 
 class ModelRunner:

@@ -21,11 +21,11 @@ import os
 from pathlib import Path
 
 # format_bytes and parse_bytes are read off this module too (the app's picker and CLI).
-from engine.byte_units import format_bytes as format_bytes
-from engine.byte_units import parse_bytes
-from engine.kv.layout import KVLayout
-from engine.kv_plan import KVPlan
-from engine.model.model_config import ModelConfig
+from kvscope.engine.byte_units import format_bytes as format_bytes
+from kvscope.engine.byte_units import parse_bytes
+from kvscope.engine.kv.layout import KVLayout
+from kvscope.engine.kv_plan import KVPlan
+from kvscope.engine.model.model_config import ModelConfig
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 WEIGHT_DTYPES = ("fp32", "bf16", "fp16")
@@ -64,11 +64,11 @@ def model_config(model: ModelConfig | object | str | os.PathLike | None = None) 
     if isinstance(getattr(model, "config", None), ModelConfig):  # a LoadedModel
         return model.config
     # Imported here: the loaders bring in transformers, which plans from flags never need.
-    from engine.model.gguf_file import read_gguf
-    from engine.model.gguf_identity import is_gguf_file
-    from engine.model.gguf_loader import gguf_config
-    from engine.model.hf_loader import hf_config
-    from engine.model.loader import default_model_path
+    from kvscope.engine.model.gguf_file import read_gguf
+    from kvscope.engine.model.gguf_identity import is_gguf_file
+    from kvscope.engine.model.gguf_loader import gguf_config
+    from kvscope.engine.model.hf_loader import hf_config
+    from kvscope.engine.model.loader import default_model_path
 
     path = default_model_path() if model in (None, "default") else Path(model).expanduser()
     if not path.exists():
@@ -92,7 +92,7 @@ def model_config(model: ModelConfig | object | str | os.PathLike | None = None) 
 
 def estimate_weight_bytes(mc: ModelConfig, dtype: str = "fp16") -> int:
     """Bytes of every tensor the engine's forward keeps, at `dtype` (a tied head counts once)."""
-    from engine.model.loader import expected_weight_shapes
+    from kvscope.engine.model.loader import expected_weight_shapes
 
     name = dtype_name(dtype)
     if name not in WEIGHT_DTYPES:
@@ -212,7 +212,7 @@ def plan_kv(
         weights, source = estimate_weight_bytes(mc, w_dtype), "estimated"
         header = weights_header(model)
         if header is not None:
-            from engine.weight_plan import plan_weights
+            from kvscope.engine.weight_plan import plan_weights
 
             torch_dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[w_dtype]
             wp = plan_weights(
@@ -292,10 +292,10 @@ def weights_header(model) -> tuple[dict, dict] | None:
     if model is not None and not isinstance(model, (str, os.PathLike)):
         weights = getattr(model, "weights", None)  # a LoadedModel
         return (weights.shapes(), weights.kinds()) if weights is not None else None
-    from engine.model.gguf_file import read_gguf
-    from engine.model.gguf_identity import is_gguf_file
-    from engine.model.gguf_loader import GGUFSource
-    from engine.model.loader import default_model_path
+    from kvscope.engine.model.gguf_file import read_gguf
+    from kvscope.engine.model.gguf_identity import is_gguf_file
+    from kvscope.engine.model.gguf_loader import GGUFSource
+    from kvscope.engine.model.loader import default_model_path
 
     path = default_model_path() if model in (None, "default") else Path(model).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
@@ -308,7 +308,7 @@ def weights_header(model) -> tuple[dict, dict] | None:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
-    from engine.model.weight_source import SafetensorsSource
+    from kvscope.engine.model.weight_source import SafetensorsSource
 
     source = SafetensorsSource(files)
     return source.shapes(), source.kinds()

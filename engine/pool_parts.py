@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.kv.allocator import KVAllocator
-from engine.kv.block_manager import BlockManager
-from engine.kv.contiguous import ContiguousBlockManager
-from engine.kv.layout import KVLayout
-from engine.kv.observers import PoolObservers
-from engine.scheduler import Scheduler
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.kv.allocator import KVAllocator
+from kvscope.engine.kv.block_manager import BlockManager
+from kvscope.engine.kv.contiguous import ContiguousBlockManager
+from kvscope.engine.kv.layout import KVLayout
+from kvscope.engine.kv.observers import PoolObservers
+from kvscope.engine.scheduler import Scheduler
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,15 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch
-from engine.kv.events import (
+from kvscope.engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch
+from kvscope.engine.kv.events import (
     EventLog,
     SequenceAdded,
     SequenceAdmitted,
     SequenceFinished,
     SequencePreempted,
 )
-from engine.sequence import Sequence, SequenceStatus
+from kvscope.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.detokenizer import IncrementalDetokenizer, StopChecker
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from engine.sampling_params import SamplingParams
+from kvscope.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from kvscope.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvscope.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.model.sampler import SampleResult
+    from kvscope.engine.model.sampler import SampleResult
 
 
 class SequenceStatus(enum.Enum):

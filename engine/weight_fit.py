@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
-from engine.float32_weights import float32_choice
-from engine.model.loader import expected_weight_shapes
-from engine.model.model_config import ModelConfig
-from engine.model_build import free_memory
-from engine.weight_plan import RUNTIME_OVERHEAD, WeightPlan, plan_weights, weights_quantized
+from kvscope.engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
+from kvscope.engine.float32_weights import float32_choice
+from kvscope.engine.model.loader import expected_weight_shapes
+from kvscope.engine.model.model_config import ModelConfig
+from kvscope.engine.model_build import free_memory
+from kvscope.engine.weight_plan import RUNTIME_OVERHEAD, WeightPlan, plan_weights, weights_quantized
 
 WeightsHeader = tuple[dict, dict]  # tensor shapes and stored kinds (engine.planner.weights_header)
 

@@ -15,9 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.byte_units import format_bytes
-from engine.quant.cpu_layout import INT4_GROUP_SIZES, TILE_N, gemv_wanted, int4_kernel_available
-from kernels import cpu_gemv
+from kvscope.engine.byte_units import format_bytes
+from kvscope.engine.quant.cpu_layout import (
+    INT4_GROUP_SIZES,
+    TILE_N,
+    gemv_wanted,
+    int4_kernel_available,
+)
+from kvscope.kernels import cpu_gemv
 
 # Per GGUF type: (bits of a code, group, super-group, sub-scales per group: 0, 1 shared, 2)
 PACKED_LAYOUTS = {

@@ -28,8 +28,8 @@ from types import ModuleType
 
 import torch
 
-from kernels.quant_format import QuantizedTensor, quantized_matmul_torch
-from kernels.torch_ref import (
+from kvscope.kernels.quant_format import QuantizedTensor, quantized_matmul_torch
+from kvscope.kernels.torch_ref import (
     paged_decode_attention_torch,
     paged_prefill_attention_torch,
     store_kv_torch,
@@ -53,8 +53,8 @@ def _triton_installed() -> bool:
 
 @functools.cache
 def _triton(module: str) -> ModuleType:
-    """kernels.<module>, a Triton module, imported on first use (only once triton was found)."""
-    return importlib.import_module(f"kernels.{module}")
+    """kvscope.kernels.<module>, a Triton module, imported on first use (once triton was found)."""
+    return importlib.import_module(f"{__name__}.{module}")
 
 
 def resolve_backend(backend: str, tensor: torch.Tensor) -> str:

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from kernels import cpu_gemv
+from kvscope.kernels import cpu_gemv
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def load() -> SimpleNamespace | None:
     if gemv is None:
         return None
     try:
-        from kernels import cpu_decode_jit as jit
+        from kvscope.kernels import cpu_decode_jit as jit
 
         ns = SimpleNamespace(
             numba=gemv.numba,

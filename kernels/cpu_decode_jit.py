@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu_gemv_jit import (
+from kvscope.kernels.cpu_gemv_jit import (
     TILE,
     opts,
     quantize_rows,
@@ -25,7 +25,7 @@ from kernels.cpu_gemv_jit import (
     rounded8,
     rounded8_parallel,
 )
-from kernels.cpu_simd import prefetch
+from kvscope.kernels.cpu_simd import prefetch
 
 LOG2E = np.float32(1.4426950408889634)
 # 2^f = e^(f ln 2) for f in [0, 1): its Taylor terms (ln 2)^k / k! to k = 6, relative error

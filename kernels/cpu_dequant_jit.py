@@ -5,7 +5,7 @@ Imported only through `cpu_gemv.load()`, as kernels/cpu_gemv_jit.py is."""
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu_gemv_jit import TILE, as_f32, opts
+from kvscope.kernels.cpu_gemv_jit import TILE, as_f32, opts
 
 
 @njit(**opts)

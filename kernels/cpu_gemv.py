@@ -148,8 +148,8 @@ def load() -> SimpleNamespace | None:
 def _build() -> SimpleNamespace:
     import numba
 
-    from kernels import cpu_dequant_jit as dequant
-    from kernels import cpu_gemv_jit as jit
+    from kvscope.kernels import cpu_dequant_jit as dequant
+    from kvscope.kernels import cpu_gemv_jit as jit
 
     return SimpleNamespace(
         numba=numba,

@@ -7,7 +7,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from kernels.cpu_simd import (
+from kvscope.kernels.cpu_simd import (
     ROW_BLOCK,
     prefetch,
     tile4_block,

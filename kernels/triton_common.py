@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from kernels.torch_ref import kv_scale_per_head
+from kvscope.kernels.torch_ref import kv_scale_per_head
 
 LOG2E = math.log2(math.e)
 # The window the kernels take for full attention: wider than any context, and small enough that

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import (
+from kvscope.kernels.triton_common import (
     LOG2E,
     attend_kv_tile,
     cache_strides,

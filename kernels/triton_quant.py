@@ -66,8 +66,8 @@ import triton
 import triton.language as tl
 from triton.runtime.driver import driver
 
-from kernels.quant_format import QuantizedTensor
-from kernels.triton_common import INTERPRETED, dot_precision, last_dim_contiguous
+from kvscope.kernels.quant_format import QuantizedTensor
+from kvscope.kernels.triton_common import INTERPRETED, dot_precision, last_dim_contiguous
 
 # Layouts the kernel takes; every GGUF type uses 16 or 32, the engine's own int4/int8 128.
 SUPPORTED_GROUP_SIZES = (16, 32, 64, 128)

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import cache_strides, last_dim_contiguous, scale_arg
+from kvscope.kernels.triton_common import cache_strides, last_dim_contiguous, scale_arg
 
 
 @triton.jit

@@ -25,10 +25,10 @@ def main() -> int:
     # The app's background compile of the CPU kernels runs this executable again with this flag
     # (engine/cpu_kernels.compile_command): there is no `python -m` in a bundle.
     if sys.argv[1:2] == ["--compile-cpu-kernels"]:
-        from engine.cpu_kernels import main as compile_main
+        from kvscope.engine.cpu_kernels import main as compile_main
 
         return compile_main(["--compile", *sys.argv[2:]])
-    from app.cli.main import main as cli_main
+    from kvscope.app.cli.main import main as cli_main
 
     return cli_main()
 

@@ -9,6 +9,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Child Pythons the tests start (`-c`, `-m`, scripts) leave the working directory off their import
+# path: run from the checkout, its kernels/ would shadow Hugging Face's `kernels` (Python 3.11+).
+os.environ.setdefault("PYTHONSAFEPATH", "1")
 os.environ.setdefault("KVSCOPE_DATA_DIR", tempfile.mkdtemp(prefix="kvscope-test-"))
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # xdist workers inherit the controller's environment, data dir included: give each its own
@@ -44,7 +47,7 @@ _share_the_cores_between_xdist_workers()
 @pytest.fixture(scope="session")
 def default_model_lazy():
     """The bundled model as `load_model` returns it: header and tokenizer, weights on disk."""
-    from engine.model.loader import load_model
+    from kvscope.engine.model.loader import load_model
 
     return load_model(None)
 
@@ -60,7 +63,7 @@ def default_model(default_model_lazy):
 def hf_default():
     """HF transformers' own load of the bundled GGUF in float32: the parity reference, and the
     baseline `kvscope bench` loads (tests/test_bench.py), so it is loaded once per session."""
-    from app.bench.hf_baseline import load_hf_model
+    from kvscope.app.bench.hf_baseline import load_hf_model
 
     return load_hf_model()
 
@@ -68,7 +71,7 @@ def hf_default():
 @pytest.fixture(scope="session")
 def default_llm(default_model):
     """A default-configured engine shared by tests that leave it as they found it."""
-    from engine import LLM
+    from kvscope.engine import LLM
 
     return LLM(model=default_model, device="cpu", dtype="float32", kv_cache_memory=256 << 20)
 
@@ -88,8 +91,8 @@ def make_window(qtbot, default_model, tmp_path):
 
     Keyword arguments set engine knobs (block_size=32) or sampling (max_tokens=4). Waits until
     the engine is up."""
-    from app.core.settings import AppSettings, EngineSettings, SamplingSettings
-    from app.desktop.window import MainWindow
+    from kvscope.app.core.settings import AppSettings, EngineSettings, SamplingSettings
+    from kvscope.app.desktop.window import MainWindow
 
     engine_keys = {f for f in EngineSettings.__dataclass_fields__}
     windows = []

@@ -19,9 +19,9 @@ import sys
 def main() -> None:
     model, soft, hard, header_timeout_s = sys.argv[1], *map(int, sys.argv[2:4]), sys.argv[4]
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    from app.serve.connections import ConnectionLimits
-    from app.serve.server import Server
-    from engine import LLM
+    from kvscope.app.serve.connections import ConnectionLimits
+    from kvscope.app.serve.server import Server
+    from kvscope.engine import LLM
 
     llm = LLM(
         model=model,

@@ -3,7 +3,7 @@ dense float64 attention over the same tokens."""
 
 import torch
 
-import kernels
+from kvscope import kernels
 
 
 def scatter_cache(seqs_k, seqs_v, block_size, num_blocks, hkv, d, seed=0):

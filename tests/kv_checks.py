@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from engine.kv.block_manager import BlockManager
-from engine.kv.contiguous import ContiguousBlockManager
-from engine.kv.snapshot import BlockState
-from engine.kv.telemetry import PoolTelemetry
+from kvscope.engine.kv.block_manager import BlockManager
+from kvscope.engine.kv.contiguous import ContiguousBlockManager
+from kvscope.engine.kv.snapshot import BlockState
+from kvscope.engine.kv.telemetry import PoolTelemetry
 
 
 def _group_tables(bm) -> dict[int, dict[int, list[int]]]:

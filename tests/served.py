@@ -23,8 +23,8 @@ def start_server(
 ):
     """A started Server (`.stop()` it); with `kv_events`, publishing on fresh endpoints (or the
     (pub, replay) pair given), which it keeps as `.kv_endpoints`."""
-    from app.serve.server import Server
-    from engine import LLM
+    from kvscope.app.serve.server import Server
+    from kvscope.engine import LLM
 
     llm = LLM(
         model=model,
@@ -64,6 +64,6 @@ def engine_event_hashes(srv, hasher=None) -> set:
             digests[own] = hasher.hash_block(None if parent is None else digest(parent), tokens)
         return digests[own]
 
-    from app.core.block_hashes import external_hash
+    from kvscope.app.core.block_hashes import external_hash
 
     return {external_hash(digest(own), hasher.int_hashes) for own in links}

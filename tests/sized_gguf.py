@@ -14,7 +14,7 @@ from pathlib import Path
 import gguf
 from tiny_models import add_byte_tokenizer, add_random_quant_tensors, byte_tokens, layer_matrices
 
-from engine.bench.synthetic_gguf import Shape, add_shape_metadata
+from kvscope.engine.bench.synthetic_gguf import Shape, add_shape_metadata
 
 HEAD_DIM = 64
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tiny_models import random_model, tiny_config
 
-from engine.bench.sliding_window import VOCAB, write_wordlevel_tokenizer
+from kvscope.engine.bench.sliding_window import VOCAB, write_wordlevel_tokenizer
 
 
 def make_sliding_model(

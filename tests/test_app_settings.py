@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.core.settings import (
+from kvscope.app.core.settings import (
     DEFAULT_CPU_KV_MIB,
     DEFAULT_MAX_MODEL_LEN,
     AppSettings,
@@ -13,7 +13,7 @@ from app.core.settings import (
     load_settings,
     save_settings,
 )
-from app.desktop.settings_dialog import SettingsDialog
+from kvscope.app.desktop.settings_dialog import SettingsDialog
 
 TIMEOUT_MS = 120_000
 
@@ -96,7 +96,7 @@ SAVED_FILE = {
 def test_every_engine_knob_is_a_setting_with_its_default_or_listed_as_not_one():
     from dataclasses import fields
 
-    from engine.config import user_knobs
+    from kvscope.engine.config import user_knobs
 
     settings = {f.name: f.default for f in fields(EngineSettings)}
     for knob in user_knobs():
@@ -142,7 +142,7 @@ CUSTOM_ENGINE = EngineSettings(
 
 
 def test_llm_kwargs_build_the_settings_engine_config():
-    from engine import EngineConfig
+    from kvscope.engine import EngineConfig
 
     settings = CUSTOM_ENGINE
     config = settings.engine_config()
@@ -156,7 +156,7 @@ def test_llm_kwargs_build_the_settings_engine_config():
 
 
 def test_dialog_shows_each_setting_and_gives_it_back(qtbot):
-    from engine.config import knob_of
+    from kvscope.engine.config import knob_of
 
     engine = replace(CUSTOM_ENGINE, model=None)  # the picker would say the file is missing
     dialog = SettingsDialog(AppSettings(engine=engine))
@@ -250,8 +250,8 @@ def default_model_source(window):
 def test_the_model_picker_lists_gguf_files_found_on_this_computer(qtbot, tmp_path, monkeypatch):
     from tiny_models import make_quant_gguf
 
-    from app.core.found_models import format_size
-    from app.core.model_discovery import remember_model
+    from kvscope.app.core.found_models import format_size
+    from kvscope.app.core.model_discovery import remember_model
 
     models = tmp_path / "home" / ".lmstudio" / "models" / "someone" / "Tiny-GGUF"
     models.mkdir(parents=True)

@@ -10,18 +10,18 @@ import pytest
 from named_ggufs import make_named_gguf
 from tiny_gemma3 import make_tiny_gemma3_gguf, tiny_tokenizer
 
-from app.core.engine_messages import EngineInfo
-from app.core.settings import EngineSettings
-from app.desktop.completion_style import BASE_MODEL_NOTICE, completion_params
-from engine import LLM, SamplingParams
-from engine.model.chat_templates import (
+from kvscope.app.core.engine_messages import EngineInfo
+from kvscope.app.core.settings import EngineSettings
+from kvscope.app.desktop.completion_style import BASE_MODEL_NOTICE, completion_params
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.model.chat_templates import (
     CHATML_TEMPLATE,
     COMPLETION_TEMPLATE,
     GEMMA_TEMPLATE,
     ensure_chat_template,
     looks_like_base_model,
 )
-from engine.model.loader import load_model
+from kvscope.engine.model.loader import load_model
 
 TIMEOUT_MS = 120_000
 CHAT = [

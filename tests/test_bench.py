@@ -5,11 +5,11 @@ import json
 import pytest
 from PIL import Image
 
-from app.bench.allocator_bench import compare_allocators
-from app.bench.hf_baseline import useful_token_count
-from app.bench.run import BenchSettings, benchmark
-from app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
-from engine.bench.snapshot_cost import measure_snapshot_cost
+from kvscope.app.bench.allocator_bench import compare_allocators
+from kvscope.app.bench.hf_baseline import useful_token_count
+from kvscope.app.bench.run import BenchSettings, benchmark
+from kvscope.app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
+from kvscope.engine.bench.snapshot_cost import measure_snapshot_cost
 
 TINY = dict(
     num_requests=3,
@@ -88,7 +88,7 @@ def short_agent_workload(tmp_path):
     """The bundled agent workload cut to ~400 system-prompt tokens (25 blocks of 16, 1387 in
     full) and three questions: the same shared-prefix and fork shapes at a quarter of the
     prefill work. `kvscope bench` measures the full one."""
-    from app.core.paths import ASSETS_DIR
+    from kvscope.app.core.paths import ASSETS_DIR
 
     workload = json.loads((ASSETS_DIR / "chat_mixed.json").read_text())
     agent = workload["agent"]
@@ -120,7 +120,7 @@ def test_sharing_figures(default_model_lazy, short_agent_workload):
 
 
 def test_allocator_comparison_on_one_pool(default_model, chat_prompts):
-    from engine import LLM
+    from kvscope.engine import LLM
 
     engine = LLM(model=default_model, device="cpu", dtype="float32", num_kv_blocks=4).engine
     prompts = [

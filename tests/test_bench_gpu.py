@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-import kernels
-from app.bench.gpu_device import call_timer, datasheet_bandwidth
-from app.bench.gpu_engine import engine_decode_point, random_prompts
-from app.bench.gpu_kernels import kernel_checks, kernel_point
-from app.cli.main import main
-from engine import LLM, SamplingParams
-from engine.bench.contiguous_sdpa import ContiguousSdpaBaseline
+from kvscope import kernels
+from kvscope.app.bench.gpu_device import call_timer, datasheet_bandwidth
+from kvscope.app.bench.gpu_engine import engine_decode_point, random_prompts
+from kvscope.app.bench.gpu_kernels import kernel_checks, kernel_point
+from kvscope.app.cli.main import main
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.bench.contiguous_sdpa import ContiguousSdpaBaseline
 
 
 def _triton_runs_on_cpu() -> bool:

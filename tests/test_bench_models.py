@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from app.bench.models_bench import run_models_bench
-from engine.bench.synthetic_gguf import Shape
-from engine.model.loader import load_model
+from kvscope.app.bench.models_bench import run_models_bench
+from kvscope.engine.bench.synthetic_gguf import Shape
+from kvscope.engine.model.loader import load_model
 
 
 @pytest.mark.slow

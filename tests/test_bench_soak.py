@@ -13,11 +13,11 @@ import time
 import pytest
 from remote_fakes import wait_until
 
-from app.bench.hostile_peer import HostilePeer
-from app.bench.soak import SoakSettings
-from app.bench.soak_report import broken_invariants
-from app.bench.soak_watch import PeerWatch
-from app.cli.main import main
+from kvscope.app.bench.hostile_peer import HostilePeer
+from kvscope.app.bench.soak import SoakSettings
+from kvscope.app.bench.soak_report import broken_invariants
+from kvscope.app.bench.soak_watch import PeerWatch
+from kvscope.app.cli.main import main
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ import json
 
 from PIL import Image
 
-from app.bench import whatif_bench
-from engine.whatif import recorded_summary
+from kvscope.app.bench import whatif_bench
+from kvscope.engine.whatif import recorded_summary
 
 
 def test_the_whatif_bench_compares_real_runs_with_their_simulation(tmp_path, monkeypatch):
@@ -38,7 +38,7 @@ def test_the_whatif_bench_compares_real_runs_with_their_simulation(tmp_path, mon
 
 
 def test_the_drive_adds_requests_as_they_arrive_in_wall_time():
-    from engine.model.loader import load_model
+    from kvscope.engine.model.loader import load_model
 
     work = whatif_bench.schedule(3, 0.2, 4)
     assert [at for at, _, _ in work][0] == 0.0 and work[2][0] > work[1][0] > 0

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv.allocator import NoFreeBlocksError
-from engine.kv.block_manager import BlockManager
+from kvscope.engine.kv.allocator import NoFreeBlocksError
+from kvscope.engine.kv.block_manager import BlockManager
 
 
 def test_blocks_are_allocated_one_at_a_time_as_a_sequence_grows():

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-import app.desktop.chat.conversation_list as conversation_list
-from app.core.chat_store import ChatStore
-from app.desktop.chat.conversation_list import ConversationList
-from app.desktop.chat.export import EXPORT_VERSION, export_chat, suggested_file_name
+import kvscope.app.desktop.chat.conversation_list as conversation_list
+from kvscope.app.core.chat_store import ChatStore
+from kvscope.app.desktop.chat.conversation_list import ConversationList
+from kvscope.app.desktop.chat.export import EXPORT_VERSION, export_chat, suggested_file_name
 
 
 @pytest.fixture()

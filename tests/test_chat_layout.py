@@ -112,7 +112,7 @@ def test_bubbles_fit_the_chat_column_at_every_width(window_with_code, qtbot, the
 
 
 def test_a_code_scroller_reserves_its_scroll_bar_and_scrolls_to_the_line_end(qtbot):
-    from app.desktop.chat.markdown_view import MarkdownView
+    from kvscope.app.desktop.chat.markdown_view import MarkdownView
 
     view = MarkdownView()
     qtbot.addWidget(view)

@@ -2,8 +2,8 @@
 
 import sqlite3
 
-from app.core.chat_recovery import open_chat_store, salvage
-from app.core.chat_store import _MIGRATIONS, ChatStore
+from kvscope.app.core.chat_recovery import open_chat_store, salvage
+from kvscope.app.core.chat_store import _MIGRATIONS, ChatStore
 
 
 def _filled(path):
@@ -92,7 +92,7 @@ def test_an_unusable_data_dir_keeps_chats_in_memory(tmp_path):
 
 
 def test_an_unusable_data_dir_falls_back_to_a_temporary_one(tmp_path, monkeypatch):
-    from app.core import paths
+    from kvscope.app.core import paths
 
     blocker = tmp_path / "file"
     blocker.write_text("x")

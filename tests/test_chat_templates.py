@@ -7,14 +7,14 @@ import pytest
 from tiny_gemma3 import make_tiny_gemma3, make_tiny_gemma3_gguf, tiny_tokenizer
 from tiny_models import make_tiny_model
 
-from engine import LLM
-from engine.model.chat_templates import (
+from kvscope.engine import LLM
+from kvscope.engine.model.chat_templates import (
     GEMMA_TEMPLATE,
     MissingChatTemplateError,
     ensure_chat_template,
     missing_template_error,
 )
-from engine.model.loader import load_model
+from kvscope.engine.model.loader import load_model
 
 
 def render(messages, template=GEMMA_TEMPLATE) -> str:

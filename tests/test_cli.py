@@ -3,13 +3,13 @@
 import io
 import os
 import subprocess
-import sys
 
 import pytest
 
-from app.cli import terminal
-from app.cli.main import build_parser
-from app.core import engine_flags
+from kvscope.app.cli import terminal
+from kvscope.app.cli.main import build_parser
+from kvscope.app.core import engine_flags
+from kvscope.engine.child_python import python_module_command
 
 
 def _args(argv):
@@ -66,12 +66,12 @@ def test_chat_keeps_the_conversation(patched_llm, monkeypatch, capsys):
 def test_demo_window_saves_a_screenshot(tmp_path):
     png = tmp_path / "window.png"
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "KVSCOPE_DATA_DIR": str(tmp_path)}
-    cmd = [sys.executable, "-m", "app.cli", "--demo", "2", "--screenshot", str(png)]
+    cmd = python_module_command("kvscope.app.cli", "--demo", "2", "--screenshot", str(png))
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The demo chats are real conversations, stored like any other.
-    from app.core.chat_store import ChatStore
+    from kvscope.app.core.chat_store import ChatStore
 
     store = ChatStore(tmp_path / "chats.sqlite3")
     chats = store.conversations()
@@ -107,7 +107,7 @@ NOT_ON_THE_COMMAND_LINE = {
 
 
 def test_every_engine_knob_is_a_flag_with_its_default_or_listed_as_none():
-    from engine.config import user_knobs
+    from kvscope.engine.config import user_knobs
 
     knobs = {f.name: f.default for f in user_knobs()}
     assert set(knobs) == set(ENGINE_FLAGS) | NOT_ON_THE_COMMAND_LINE

@@ -2,9 +2,9 @@
 
 import threading
 
-from app.core.context_fit import prompt_ids
-from app.core.engine_messages import ContextUsage
-from app.desktop.chat.context_meter import ContextMeter, usage_level
+from kvscope.app.core.context_fit import prompt_ids
+from kvscope.app.core.engine_messages import ContextUsage
+from kvscope.app.desktop.chat.context_meter import ContextMeter, usage_level
 
 TIMEOUT_MS = 120_000
 
@@ -24,7 +24,7 @@ def test_the_meter_reads_used_of_limit_and_warns_near_and_over(qtbot):
 def test_the_count_is_the_engines_own_and_never_made_on_the_gui_thread(
     make_window, qtbot, monkeypatch
 ):
-    import app.desktop.engine_worker
+    import kvscope.app.desktop.engine_worker as engine_worker
 
     window = make_window(max_model_len=64, max_tokens=6)
     meter = window.chat.context_meter
@@ -34,7 +34,7 @@ def test_the_count_is_the_engines_own_and_never_made_on_the_gui_thread(
         counted_on.append(threading.get_ident())
         return prompt_ids(engine, system_prompt, turns)
 
-    monkeypatch.setattr(app.desktop.engine_worker, "prompt_ids", recording_prompt_ids)
+    monkeypatch.setattr(engine_worker, "prompt_ids", recording_prompt_ids)
     asked = []
     real_count = window.client.count_tokens
     window.client.count_tokens = lambda *args: (asked.append(args), real_count(*args))

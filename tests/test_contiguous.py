@@ -6,13 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_checks import assert_telemetry_matches
 
-from engine import LLM, SamplingParams
-from engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch
-from engine.kv.block_manager import BlockManager
-from engine.kv.contiguous import ContiguousBlockManager, first_fit
-from engine.kv.events import EventLog, SequenceAdded, SequenceFinished, StepProgress
-from engine.kv.snapshot import BlockState
-from engine.kv.telemetry import PoolTelemetry
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch
+from kvscope.engine.kv.block_manager import BlockManager
+from kvscope.engine.kv.contiguous import ContiguousBlockManager, first_fit
+from kvscope.engine.kv.events import EventLog, SequenceAdded, SequenceFinished, StepProgress
+from kvscope.engine.kv.snapshot import BlockState
+from kvscope.engine.kv.telemetry import PoolTelemetry
 
 NO_MATCH = PrefixMatch([], [])
 

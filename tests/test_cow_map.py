@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import tracemalloc
 
-from app.remote.cow_map import SPLIT_AT, CowMap
-from app.remote.kv_wire import BlockStored, EventBatch
-from app.remote.remote_cache import RemoteCache
+from kvscope.app.remote.cow_map import SPLIT_AT, CowMap
+from kvscope.app.remote.kv_wire import BlockStored, EventBatch
+from kvscope.app.remote.remote_cache import RemoteCache
 
 
 def test_reads_and_writes_behave_as_a_dict_across_the_split():

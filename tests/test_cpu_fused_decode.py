@@ -9,12 +9,12 @@ import pytest
 import torch
 from tiny_models import make_quant_gguf
 
-from engine import LLM
-from engine.kv.kv_cache import KVCache
-from engine.model import cpu_decode
-from engine.model.attention import AttentionMetadata
-from engine.model.cpu_decode import FusedCpuDecode
-from kernels import cpu_gemv
+from kvscope.engine import LLM
+from kvscope.engine.kv.kv_cache import KVCache
+from kvscope.engine.model import cpu_decode
+from kvscope.engine.model.attention import AttentionMetadata
+from kvscope.engine.model.cpu_decode import FusedCpuDecode
+from kvscope.kernels import cpu_gemv
 
 pytestmark = pytest.mark.skipif(not cpu_gemv.installed(), reason="numba is not installed")
 
@@ -213,10 +213,10 @@ def test_softmax_exp_is_exact_to_float32_noise_and_flushes_the_negligible_to_zer
     gives exactly 0: the ~1e-38 it gave before turned subnormal once normalised and multiplied
     with V, and each operation on a subnormal costs a microcode assist (8.7 against 0.9 ms for
     a decode step's 22 attentions on a synthetic 1.1B, see kernels/cpu_decode_jit.py)."""
-    from kernels import cpu_decode as kernels_decode
+    from kvscope.kernels import cpu_decode as kernels_decode
 
     assert kernels_decode.load() is not None
-    from kernels.cpu_decode_jit import FLUSH_EXP2, LOG2E, _exp_below_zero
+    from kvscope.kernels.cpu_decode_jit import FLUSH_EXP2, LOG2E, _exp_below_zero
 
     x = np.linspace(-120, 0, 30001, dtype=np.float32)
     got = x.copy()

@@ -10,12 +10,12 @@ import pytest
 import torch
 from tiny_models import QUANT_TYPES, random_quant_blocks
 
-from engine import LLM, SamplingParams
-from engine.quant import cpu_layout as layout_module
-from engine.quant.cpu_gemv_layout import gemv_layout
-from engine.quant.gguf_blocks import decode_blocks, to_quantized_tensor
-from engine.quant.rtn import quantize_rtn
-from kernels import cpu_gemv
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.quant import cpu_layout as layout_module
+from kvscope.engine.quant.cpu_gemv_layout import gemv_layout
+from kvscope.engine.quant.gguf_blocks import decode_blocks, to_quantized_tensor
+from kvscope.engine.quant.rtn import quantize_rtn
+from kvscope.kernels import cpu_gemv
 
 ns = cpu_gemv.load()
 # numba is a dependency: where it is installed, a kernel that does not compile is a failure
@@ -160,7 +160,7 @@ def test_bundled_model_greedy_tokens_follow_hf(default_model_lazy, hf_default, c
 def test_prepare_says_when_a_first_compile_is_due(monkeypatch, tmp_path):
     """The worker's status line: a first compile is announced, a cached one is not, and a
     CUDA engine or numba switched off compiles nothing."""
-    from engine import cpu_kernels
+    from kvscope.engine import cpu_kernels
 
     calls = []
     monkeypatch.setattr(cpu_kernels, "gemv_kernels", lambda: calls.append("load"))

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 from tiny_models import make_quant_gguf
 
-from engine import LLM, SamplingParams
-from kernels import cpu_gemv
+from kvscope.engine import LLM, SamplingParams
+from kvscope.kernels import cpu_gemv
 
 
 def test_the_torch_kernels_compile_nothing(tmp_path):
@@ -21,8 +21,8 @@ def test_the_torch_kernels_compile_nothing(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        from engine import LLM, SamplingParams
-        from engine.model.loader import load_model
+        from kvscope.engine import LLM, SamplingParams
+        from kvscope.engine.model.loader import load_model
         llm = LLM(model=load_model({str(model)!r}), device="cpu", num_kv_blocks=16,
                   cpu_quant_kernel="torch")
         out = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=3))
@@ -30,7 +30,7 @@ def test_the_torch_kernels_compile_nothing(tmp_path):
         print(llm.stats()["weight_layout"], "numba" in sys.modules)
         """
     )
-    env = {"KVSCOPE_NUMBA_CACHE": str(cache), "PYTHONPATH": "."}
+    env = {"KVSCOPE_NUMBA_CACHE": str(cache)}
     done = subprocess.run(
         [sys.executable, "-c", script],
         env={**os.environ, **env},

@@ -10,11 +10,11 @@ import pytest
 import torch
 from tiny_models import QUANT_TYPES, random_quant_blocks
 
-from engine.quant import cpu_layout
-from engine.quant.cpu_gemv_layout import gemv_layout
-from engine.quant.gguf_blocks import decode_blocks, to_quantized_tensor
-from engine.quant.rtn import quantize_rtn
-from kernels import cpu_gemv
+from kvscope.engine.quant import cpu_layout
+from kvscope.engine.quant.cpu_gemv_layout import gemv_layout
+from kvscope.engine.quant.gguf_blocks import decode_blocks, to_quantized_tensor
+from kvscope.engine.quant.rtn import quantize_rtn
+from kvscope.kernels import cpu_gemv
 
 ns = cpu_gemv.load()
 pytestmark = pytest.mark.skipif(ns is None, reason="numba's kernels do not compile here")

@@ -5,8 +5,8 @@ numpy, for 4-bit and 8-bit codes, one row and a block of rows, float32 and float
 import numpy as np
 import pytest
 
-from engine.quant.cpu_gemv_layout import _tiles4, _tiles8
-from kernels import cpu_gemv
+from kvscope.engine.quant.cpu_gemv_layout import _tiles4, _tiles8
+from kvscope.kernels import cpu_gemv
 
 pytestmark = pytest.mark.skipif(not cpu_gemv.installed(), reason="numba is not installed")
 TILE = 16
@@ -54,7 +54,7 @@ def _case(bits, a, rows, meta, seed):
 @pytest.mark.parametrize("bits,a", [(4, 32), (8, 32), (8, 16)])
 @pytest.mark.parametrize("meta", ["half", "float32"])
 def test_a_tile_gives_the_integer_sums(isa, bits, a, meta):
-    from kernels import cpu_simd
+    from kvscope.kernels import cpu_simd
 
     kernels = cpu_simd.tile_kernels(x86=cpu_simd.AVX2 if isa == "chosen" else False)
     name = "tile4" if bits == 4 else "tile8"
@@ -69,7 +69,7 @@ def test_a_tile_gives_the_integer_sums(isa, bits, a, meta):
 def test_the_largest_products_do_not_saturate():
     """The extremes the formats reach (4-bit 15, centred 8-bit -128, activations +-127) in
     every position: int16 pair sums and 16-element runs stay exact."""
-    from kernels import cpu_simd
+    from kvscope.kernels import cpu_simd
 
     for bits, code in ((4, 15), (8, -128), (8, 127)):
         w = np.full((32, TILE), code, np.uint8 if bits == 4 else np.int8)

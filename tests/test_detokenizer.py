@@ -5,7 +5,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from engine.detokenizer import IncrementalDetokenizer, StopChecker, StopHit
+from kvscope.engine.detokenizer import IncrementalDetokenizer, StopChecker, StopHit
 
 TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import device_memory
-from engine.device_memory import read_device_memory
+from kvscope.engine import device_memory
+from kvscope.engine.device_memory import read_device_memory
 
 MiB = 1 << 20
 

@@ -5,8 +5,8 @@ from dataclasses import fields
 
 import pytest
 
-from engine import LLM, EngineConfig
-from engine.config import KNOB, knob_of, user_knobs
+from kvscope.engine import LLM, EngineConfig
+from kvscope.engine.config import KNOB, knob_of, user_knobs
 
 # The public contract: derived from the fields, so reordering or renaming one changes it.
 LLM_SIGNATURE = (

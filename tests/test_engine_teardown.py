@@ -18,7 +18,7 @@ import pytest
 from tiny_gemma3 import make_tiny_gemma3, make_tiny_gemma3_gguf
 from tiny_models import make_quant_gguf, make_tiny_gguf
 
-from engine import LLM, SamplingParams
+from kvscope.engine import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import app.desktop.chat.conversation_list as conversation_list
-from app.core.chat_store import ChatStore
-from app.desktop.chat.conversation_list import ConversationList
-from app.desktop.chat.export import export_folder
+import kvscope.app.desktop.chat.conversation_list as conversation_list
+from kvscope.app.core.chat_store import ChatStore
+from kvscope.app.desktop.chat.conversation_list import ConversationList
+from kvscope.app.desktop.chat.export import export_folder
 
 
 def test_export_starts_in_documents_then_in_the_last_folder(qtbot, tmp_path, monkeypatch):

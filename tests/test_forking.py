@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine import LLM, BeamSearchParams, SamplingParams
+from kvscope.engine import LLM, BeamSearchParams, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine import LLM, EngineConfig, SamplingParams
-from engine.kv.kv_cache import KVCache
+from kvscope.engine import LLM, EngineConfig, SamplingParams
+from kvscope.engine.kv.kv_cache import KVCache
 
 
 @pytest.fixture(scope="module")

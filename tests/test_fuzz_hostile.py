@@ -84,7 +84,7 @@ def fuzz_renderer(examples: str) -> None:
     from PySide6.QtGui import QTextDocument
     from PySide6.QtWidgets import QApplication
 
-    from app.desktop.chat.markdown_view import MarkdownView
+    from kvscope.app.desktop.chat.markdown_view import MarkdownView
 
     app = QApplication.instance() or QApplication([])
     view = MarkdownView()
@@ -138,8 +138,8 @@ def fuzz_gguf_headers(examples: str, folder: str) -> None:
     from hypothesis import strategies as st
     from tiny_models import make_tiny_gguf
 
-    from engine.model.loader import load_model
-    from engine.planner import plan_kv
+    from kvscope.engine.model.loader import load_model
+    from kvscope.engine.planner import plan_kv
 
     src, _ = make_tiny_gguf("llama", Path(folder) / "src.gguf")
     reader = gguf.GGUFReader(src)

@@ -12,9 +12,9 @@ import torch
 from tiny_gemma3 import WINDOW, make_tiny_gemma3, make_tiny_gemma3_gguf
 from transformers import AutoModelForCausalLM
 
-from engine import LLM, SamplingParams
-from engine.model.loader import load_model
-from engine.model.model_config import FULL, SLIDING
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.model.loader import load_model
+from kvscope.engine.model.model_config import FULL, SLIDING
 
 TOLERANCE = 1e-4
 # Three prompts of different lengths, all longer than the window: batched prefill, then

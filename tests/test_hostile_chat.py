@@ -6,8 +6,8 @@ from PySide6.QtCore import QUrl
 from PySide6.QtGui import QImage, QTextDocument
 from PySide6.QtWidgets import QMessageBox
 
-import app.desktop.chat.markdown_view as markdown_view
-from app.desktop.chat.markdown_view import MarkdownView
+import kvscope.app.desktop.chat.markdown_view as markdown_view
+from kvscope.app.desktop.chat.markdown_view import MarkdownView
 
 
 @pytest.fixture()

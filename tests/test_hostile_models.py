@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from tiny_models import make_tiny_gguf, make_tiny_model
 
-from engine.model.loader import load_model
-from engine.model.remote_code import RemoteCodeRefused
-from engine.planner import plan_kv
+from kvscope.engine.model.loader import load_model
+from kvscope.engine.model.remote_code import RemoteCodeRefused
+from kvscope.engine.planner import plan_kv
 
 
 def _arm_remote_code(folder, marker):
@@ -145,7 +145,7 @@ def test_a_fifo_among_the_weights_is_refused_not_waited_on(tmp_path, default_mod
     ],
 )
 def test_odd_prompts_get_a_clear_error_and_the_engine_goes_on(default_llm, prompt, match):
-    from engine import SamplingParams
+    from kvscope.engine import SamplingParams
 
     with pytest.raises(ValueError, match=match):
         default_llm.generate(prompt, SamplingParams(max_tokens=2))
@@ -153,8 +153,8 @@ def test_odd_prompts_get_a_clear_error_and_the_engine_goes_on(default_llm, promp
 
 
 def test_a_crafted_recording_cannot_ask_for_a_huge_pool(tmp_path):
-    from engine.kv.events import FORMAT_VERSION
-    from engine.kv.replay import replay_events
+    from kvscope.engine.kv.events import FORMAT_VERSION
+    from kvscope.engine.kv.replay import replay_events
 
     path = tmp_path / "session.jsonl"
     header = {

@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sliding_models import make_sliding_model
 
-from engine import SamplingParams
-from engine.config import EngineConfig
-from engine.kv import replay as replay_module
-from engine.kv.events import FORMAT_VERSION, read_events
-from engine.kv.replay import replay_events
-from engine.llm_engine import LLMEngine
+from kvscope.engine import SamplingParams
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.kv import replay as replay_module
+from kvscope.engine.kv.events import FORMAT_VERSION, read_events
+from kvscope.engine.kv.replay import replay_events
+from kvscope.engine.llm_engine import LLMEngine
 
 PROMPT = list(range(5, 45))
 HEADER = {
@@ -140,7 +140,7 @@ def test_a_pool_too_big_for_this_machines_memory_is_refused(tmp_path, monkeypatc
 
 
 def test_a_line_longer_than_the_cap_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
-    from engine.kv import session_json
+    from kvscope.engine.kv import session_json
 
     monkeypatch.setattr(session_json, "MAX_LINE_BYTES", 1000)
     path = write(tmp_path / "long.jsonl", HEADER, {**STEP, "lens": [[0, 4, 4]] * 200})
@@ -149,7 +149,7 @@ def test_a_line_longer_than_the_cap_is_refused_before_it_is_parsed(tmp_path, mon
 
 
 def test_table_padding_is_bounded_across_sequences(tmp_path, monkeypatch):
-    from engine.kv import replay_checks
+    from kvscope.engine.kv import replay_checks
 
     monkeypatch.setattr(replay_checks, "MIN_TABLE_ENTRIES", 100)
     hits = []
@@ -163,7 +163,7 @@ def test_table_padding_is_bounded_across_sequences(tmp_path, monkeypatch):
 
 
 def test_the_cli_prints_the_error_and_exits_2(tmp_path, capsys):
-    from app.cli.main import main
+    from kvscope.app.cli.main import main
 
     path = write(tmp_path / "twice.jsonl", HEADER, ADD, ALLOC, STEP, FREE, FREE)
     assert main(["replay", str(path)]) == 2

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from app.desktop import replay_view
-from engine.kv.events import FORMAT_VERSION
+from kvscope.app.desktop import replay_view
+from kvscope.engine.kv.events import FORMAT_VERSION
 
 TIMEOUT_MS = 120_000
 HEADER = {

@@ -28,21 +28,28 @@ def _of_type(kind: str) -> list[dict]:
 
 def test_the_layers_and_the_acyclic_contracts_are_configured():
     layers = [c["layers"] for c in _of_type("layers")]
-    assert ["app", "engine", "kernels"] in layers
+    assert ["kvscope.app", "kvscope.engine", "kvscope.kernels"] in layers
     # app by product: the entry point on top, the shared layer at the bottom
-    assert ["app.cli", "app.desktop | app.bench", "app.serve | app.remote", "app.core"] in layers
+    app = "kvscope.app"
+    assert [
+        f"{app}.cli",
+        f"{app}.desktop | {app}.bench",
+        f"{app}.serve | {app}.remote",
+        f"{app}.core",
+    ] in layers
     [acyclic] = _of_type("acyclic_siblings")
-    assert set(acyclic["ancestors"]) == {"app", "engine", "kernels"}
+    assert set(acyclic["ancestors"]) == {"kvscope.app", "kvscope.engine", "kvscope.kernels"}
 
 
 def test_the_products_are_independent_but_for_named_uses():
     [independence] = _of_type("independence")
-    assert set(independence["modules"]) == {"app.desktop", "app.serve", "app.remote", "app.bench"}
+    products = {f"kvscope.app.{name}" for name in ("desktop", "serve", "remote", "bench")}
+    assert set(independence["modules"]) == products
     # each exception is one product using another, never the shared layer reaching up
     for line in independence["ignore_imports"]:
         importer, imported = (side.strip() for side in line.split("->"))
-        assert importer.split(".")[1] != imported.split(".")[1], line
-        assert "app.core" not in importer, line
+        assert importer.split(".")[2] != imported.split(".")[2], line
+        assert "kvscope.app.core" not in importer, line
 
 
 def test_app_has_no_loose_modules_but_its_entry_points():

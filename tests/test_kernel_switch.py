@@ -12,10 +12,10 @@ import shutil
 import pytest
 import torch
 
-from app.core.settings import EngineSettings
-from app.desktop.engine_client import EngineClient
-from engine.cpu_kernels import MARKER, NICE_ENV, compile_all, kernels_compiled, numba_dir
-from kernels import cpu_gemv
+from kvscope.app.core.settings import EngineSettings
+from kvscope.app.desktop.engine_client import EngineClient
+from kvscope.engine.cpu_kernels import MARKER, NICE_ENV, compile_all, kernels_compiled, numba_dir
+from kvscope.kernels import cpu_gemv
 
 TIMEOUT_MS = 180_000  # a hang, not a speed
 
@@ -125,8 +125,8 @@ def test_a_failed_compile_keeps_the_torch_kernels_and_says_so(qtbot, client, tmp
 
 @pytest.mark.parametrize("width", [1400, 1024])
 def test_the_status_bar_line_is_readable_and_keeps_the_bar_narrow(qtbot, width):
-    from app.desktop.kernel_switch import compiling_line
-    from app.desktop.status_bar import EngineStatusBar
+    from kvscope.app.desktop.kernel_switch import compiling_line
+    from kvscope.app.desktop.status_bar import EngineStatusBar
 
     bar = EngineStatusBar()
     qtbot.addWidget(bar)
@@ -156,7 +156,7 @@ def test_the_status_bar_line_is_readable_and_keeps_the_bar_narrow(qtbot, width):
 
 
 def test_the_compile_yields_unless_told_otherwise(monkeypatch):
-    from engine.cpu_kernels import compile_niceness
+    from kvscope.engine.cpu_kernels import compile_niceness
 
     monkeypatch.delenv(NICE_ENV, raising=False)
     assert compile_niceness() == 19
@@ -170,7 +170,7 @@ def test_the_installed_app_runs_the_compile_itself(monkeypatch):
     import sys
     from pathlib import Path
 
-    from engine.cpu_kernels import FROZEN_FLAG, compile_command
+    from kvscope.engine.cpu_kernels import FROZEN_FLAG, compile_command
 
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     assert compile_command(2) == [sys.executable, FROZEN_FLAG, "--threads", "2"]

@@ -18,10 +18,10 @@ x's dtype) by the same x with float32 accumulation; they differ in summation ord
 import pytest
 import torch
 
-import kernels
-from kernels import triton_quant as tq
-from kernels.quant_format import QuantizedTensor, cat_rows, quantized_matmul_torch
-from kernels.triton_common import INTERPRETED
+from kvscope import kernels
+from kvscope.kernels import triton_quant as tq
+from kvscope.kernels.quant_format import QuantizedTensor, cat_rows, quantized_matmul_torch
+from kvscope.kernels.triton_common import INTERPRETED
 
 pytestmark = pytest.mark.skipif(
     not INTERPRETED, reason="needs TRITON_INTERPRET=1 before triton is imported"

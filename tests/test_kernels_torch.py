@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_cases import dense_attention, random_paged_kv
 
-import kernels
+from kvscope import kernels
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])

@@ -6,9 +6,9 @@ import torch
 from kernel_cases import dense_attention, random_paged_kv
 from tiny_models import make_tiny_model
 
-import kernels
-from kernels.triton_common import INTERPRETED
-from kernels.triton_decode import decode_num_splits, paged_decode_attention_triton
+from kvscope import kernels
+from kvscope.kernels.triton_common import INTERPRETED
+from kvscope.kernels.triton_decode import decode_num_splits, paged_decode_attention_triton
 
 pytestmark = pytest.mark.skipif(
     not INTERPRETED, reason="needs TRITON_INTERPRET=1 before triton is imported"
@@ -240,7 +240,7 @@ def test_backend_resolution():
 @pytest.fixture(scope="module")
 def tiny_llm_source(default_model, tmp_path_factory):
     """A 2-layer random Qwen3 (4 query / 2 KV heads, head dim 32): the interpreter is slow."""
-    from engine.model.loader import load_model
+    from kvscope.engine.model.loader import load_model
 
     folder = tmp_path_factory.mktemp("tiny") / "qwen3"
     return load_model(str(make_tiny_model("qwen3", folder, tokenizer=default_model.tokenizer)))
@@ -254,7 +254,7 @@ def test_engine_on_triton_kernels_matches_torch_kernels(
     real strides (fused qkv views, per-layer pool views), mixed decode + prefill steps, a
     prefix-cache hit (the second call extends the first's cached prompt) and, for fp8, the
     calibration forward."""
-    from engine import LLM, SamplingParams
+    from kvscope.engine import LLM, SamplingParams
 
     shared = list(range(1000, 1040))  # 40 tokens: two full blocks of 16 get cached
     prompts = [shared + [7, 8, 9], list(range(2000, 2021))]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from kv_checks import assert_telemetry_matches
 
-from engine import LLM, BeamSearchParams, SamplingParams
-from engine.kv.events import (
+from kvscope.engine import LLM, BeamSearchParams, SamplingParams
+from kvscope.engine.kv.events import (
     EVENT_TYPES,
     FORMAT_VERSION,
     BlocksAllocated,
@@ -21,9 +21,9 @@ from engine.kv.events import (
     StepProgress,
     read_events,
 )
-from engine.kv.replay import replay_events
-from engine.kv.snapshot import BlockState, free_runs
-from engine.kv.telemetry import PoolTelemetry
+from kvscope.engine.kv.replay import replay_events
+from kvscope.engine.kv.snapshot import BlockState, free_runs
+from kvscope.engine.kv.telemetry import PoolTelemetry
 
 SYSTEM = "You are a careful assistant who answers in one short sentence. " * 3
 
@@ -257,7 +257,7 @@ def test_the_telemetry_handles_every_event_kind():
 
 
 def test_record_and_replay_from_the_command_line(tmp_path, capsys):
-    from app.cli.main import main
+    from kvscope.app.cli.main import main
 
     path = tmp_path / "events.jsonl"
     args = ["record", str(path), "--num-requests", "2", "--max-tokens-cap", "3"]

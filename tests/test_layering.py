@@ -19,43 +19,48 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Module -> the names the app may import from it (None: any).
 ENGINE_PUBLIC: dict[str, set[str] | None] = {
-    "engine": None,  # LLM, SamplingParams, BeamSearchParams, EngineConfig, outputs
-    "engine.config": None,  # the knob list the settings and the CLI are derived from
+    "kvscope.engine": None,  # LLM, SamplingParams, BeamSearchParams, EngineConfig, outputs
+    "kvscope.engine.config": None,  # the knob list the settings and the CLI are derived from
     # The settings' thread row; the bench's thread sweep.
-    "engine.cpu_threads": {
+    "kvscope.engine.cpu_threads": {
         "default_num_threads",
         "usable_cpus",
         "apply_num_threads",
         "physical_cores",  # the peer table's thread counts: 1, 2, every physical core
     },
-    "engine.planner": None,
+    "kvscope.engine.planner": None,
+    # a child Python running one of our modules
+    "kvscope.engine.child_python": {"python_module_command", "SAFE_PATH_FLAGS"},
     # The worker's CPU kernels: loaded when compiled, else compiled in the background.
-    "engine.cpu_kernels": {
+    "kvscope.engine.cpu_kernels": {
         "prepare_cpu_kernels",
         "kernels_wanted",
         "kernels_compiled",
         "BackgroundCompile",
     },
-    "engine.device_memory": None,
-    "engine.kv.snapshot": None,  # KVSnapshot and its parts, what the block map draws
-    "engine.model.loader": {"load_model", "default_model_path", "LoadedModel"},
-    "engine.model.model_config": {"ModelConfig"},  # what engine.planner.model_config returns
+    "kvscope.engine.device_memory": None,
+    "kvscope.engine.kv.snapshot": None,  # KVSnapshot and its parts, what the block map draws
+    "kvscope.engine.model.loader": {"load_model", "default_model_path", "LoadedModel"},
+    # what engine.planner.model_config returns
+    "kvscope.engine.model.model_config": {"ModelConfig"},
     # The picker: a GGUF known by its magic (Ollama's blobs), and its header's name and type.
-    "engine.model.gguf_identity": {"is_gguf_file"},
-    "engine.model.gguf_summary": {"summarize_gguf", "GGUFSummary"},
+    "kvscope.engine.model.gguf_identity": {"is_gguf_file"},
+    "kvscope.engine.model.gguf_summary": {"summarize_gguf", "GGUFSummary"},
     # A base model's chats: whether its template is the plain transcript, and where it stops.
-    "engine.model.chat_templates": {"is_completion_template", "COMPLETION_STOP"},
-    "engine.host_memory": {"give_back_freed"},  # after a rebuild drops the old engine
-    "engine.weight_fit": None,  # the weights' cost and fit before loading, for the dialog
-    "engine.kv.replay": {"replay_events"},  # a recording back into snapshots
-    "engine.trace": None,  # the engine's traffic trace (LLMEngine.trace), what a what-if replays
-    "engine.whatif": None,  # the what-if simulator, sweeps and the pool at a step (What-if tab)
-    # `from engine.whatif import simulate, sweep` imports the functions, which share their
+    "kvscope.engine.model.chat_templates": {"is_completion_template", "COMPLETION_STOP"},
+    "kvscope.engine.host_memory": {"give_back_freed"},  # after a rebuild drops the old engine
+    "kvscope.engine.weight_fit": None,  # the weights' cost and fit before loading, for the dialog
+    "kvscope.engine.kv.replay": {"replay_events"},  # a recording back into snapshots
+    # the engine's traffic trace (LLMEngine.trace), what a what-if replays
+    "kvscope.engine.trace": None,
+    # the what-if simulator, sweeps and the pool at a step (What-if tab)
+    "kvscope.engine.whatif": None,
+    # `from kvscope.engine.whatif import simulate, sweep` imports the functions, which share their
     # modules' names (the check would take them for those modules)
-    "engine.whatif.simulate": {"simulate"},
-    "engine.whatif.sweep": {"sweep"},
+    "kvscope.engine.whatif.simulate": {"simulate"},
+    "kvscope.engine.whatif.sweep": {"sweep"},
 }
-ENGINE_BENCH = "engine.bench"  # the engine's own benchmarks, for `kvscope bench`
+ENGINE_BENCH = "kvscope.engine.bench"  # the engine's own benchmarks, for `kvscope bench`
 KERNELS_PUBLIC = {
     "paged_decode_attention",
     "paged_prefill_attention",
@@ -73,13 +78,13 @@ def _module_of(parent: str, name: str) -> str | None:
 
 
 def _ours(module: str) -> bool:
-    return module.split(".")[0] in ("engine", "kernels")
+    return module.split(".")[:2] in (["kvscope", "engine"], ["kvscope", "kernels"])
 
 
 def _public(module: str, name: str | None) -> bool:
     if module == ENGINE_BENCH or module.startswith(ENGINE_BENCH + "."):
         return True
-    if module == "kernels":
+    if module == "kvscope.kernels":
         return name in KERNELS_PUBLIC
     if module not in ENGINE_PUBLIC:
         return False
@@ -95,10 +100,12 @@ def _internal_imports(path: Path) -> set[tuple[str, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
+                if _ours(alias.name) and not _public(alias.name, None):
+                    found.add((alias.name, "*"))
+        elif isinstance(node, ast.ImportFrom) and node.module == "kvscope":
+            for alias in node.names:
                 if alias.name == "kernels":
                     kernel_aliases.add(alias.asname or "kernels")
-                elif _ours(alias.name) and not _public(alias.name, None):
-                    found.add((alias.name, "*"))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and _ours(node.module or ""):
             for alias in node.names:
                 module = _module_of(node.module, alias.name)
@@ -112,7 +119,7 @@ def _internal_imports(path: Path) -> set[tuple[str, str]]:
             and node.value.id in kernel_aliases
             and node.attr not in KERNELS_PUBLIC
         ):
-            found.add(("kernels", node.attr))
+            found.add(("kvscope.kernels", node.attr))
     return found
 
 
@@ -138,22 +145,22 @@ def test_the_check_sees_internal_imports(tmp_path):
     """The checker itself: each way of reaching an internal is caught, the public ones are not."""
     source = tmp_path / "sample.py"
     source.write_text(
-        "import kernels\n"
-        "import engine.kv.events\n"
-        "from engine import LLM\n"
-        "from engine.kv import telemetry\n"
-        "from engine.kv.snapshot import KVSnapshot\n"
-        "from engine.model.loader import load_model, expected_weight_shapes\n"
-        "from engine.bench.snapshot_cost import measure_snapshot_cost\n"
-        "from kernels import store_kv\n"
-        "from kernels.triton_decode import decode_num_splits\n"
+        "from kvscope import kernels\n"
+        "import kvscope.engine.kv.events\n"
+        "from kvscope.engine import LLM\n"
+        "from kvscope.engine.kv import telemetry\n"
+        "from kvscope.engine.kv.snapshot import KVSnapshot\n"
+        "from kvscope.engine.model.loader import load_model, expected_weight_shapes\n"
+        "from kvscope.engine.bench.snapshot_cost import measure_snapshot_cost\n"
+        "from kvscope.kernels import store_kv\n"
+        "from kvscope.kernels.triton_decode import decode_num_splits\n"
         "kernels.paged_decode_attention\n"
         "kernels.resolve_backend\n"
     )
     assert _internal_imports(source) == {
-        ("engine.kv.events", "*"),
-        ("engine.kv.telemetry", "*"),
-        ("engine.model.loader", "expected_weight_shapes"),
-        ("kernels.triton_decode", "decode_num_splits"),
-        ("kernels", "resolve_backend"),
+        ("kvscope.engine.kv.events", "*"),
+        ("kvscope.engine.kv.telemetry", "*"),
+        ("kvscope.engine.model.loader", "expected_weight_shapes"),
+        ("kvscope.kernels.triton_decode", "decode_num_splits"),
+        ("kvscope.kernels", "resolve_backend"),
     }

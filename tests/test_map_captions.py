@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from tiny_gemma3 import make_tiny_gemma3_gguf
 
-from app.desktop.blockmap import BlockMapPanel
-from engine import LLM, SamplingParams
+from kvscope.app.desktop.blockmap import BlockMapPanel
+from kvscope.engine import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")

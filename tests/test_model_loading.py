@@ -9,14 +9,14 @@ import torch
 from tiny_models import ARCHITECTURES, LLAMA3_ROPE, make_tiny_gguf, make_tiny_model
 from transformers import AutoModelForCausalLM
 
-from engine.model.hf_loader import _rope
-from engine.model.loader import (
+from kvscope.engine.model.hf_loader import _rope
+from kvscope.engine.model.loader import (
     check_weights,
     default_model_path,
     expected_weight_shapes,
     load_model,
 )
-from engine.model.model_config import ModelConfig
+from kvscope.engine.model.model_config import ModelConfig
 
 TINY_CASES = [(arch, False) for arch in ARCHITECTURES] + [("llama", True)]
 TINY_IDS = [f"{arch}{'-llama3rope' if rope else ''}" for arch, rope in TINY_CASES]

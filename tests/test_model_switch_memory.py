@@ -11,7 +11,6 @@ after it, 101% (714 -> 720 MiB).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 import torch
 from sized_gguf import sized_shape, write_sized_gguf
 
-from engine.cpu_kernels import compile_all, kernels_compiled
+from kvscope.engine.cpu_kernels import compile_all, kernels_compiled
 
 PROBE = Path(__file__).with_name("switch_rss_probe.py")
 TOLERANCE = 1.15
@@ -33,15 +32,13 @@ pytestmark = pytest.mark.skipif(
 
 
 def probe(*models: Path) -> list[dict]:
-    root = PROBE.parent.parent  # this checkout's app and engine, installed or not
-    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    root = PROBE.parent.parent
     done = subprocess.run(
         [sys.executable, str(PROBE), *map(str, models)],
         capture_output=True,
         text=True,
         timeout=300,  # a hang, not a speed limit: the probe takes 5-15 s
         cwd=root,
-        env={**os.environ, "PYTHONPATH": path},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from named_ggufs import add_to_ollama, make_named_gguf
 
-from app.core import model_discovery
-from app.core.ollama_models import (
+from kvscope.app.core import model_discovery
+from kvscope.app.core.ollama_models import (
     display_name,
     name_of_blob,
     ollama_models,
     ollama_models_dir,
 )
-from engine import LLM, planner
-from engine.model.gguf_identity import is_gguf_file
+from kvscope.engine import LLM, planner
+from kvscope.engine.model.gguf_identity import is_gguf_file
 
 TIMEOUT_MS = 60_000
 
@@ -99,8 +99,8 @@ def test_a_blob_is_gguf_by_its_magic_and_loads(ollama_tree):
 
 
 def test_the_picker_lists_and_opens_an_ollama_model(qtbot, ollama_tree, tmp_path, monkeypatch):
-    from app.core.settings import AppSettings, EngineSettings
-    from app.desktop.settings_dialog import SettingsDialog
+    from kvscope.app.core.settings import AppSettings, EngineSettings
+    from kvscope.app.desktop.settings_dialog import SettingsDialog
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("OLLAMA_MODELS", str(ollama_tree["models"]))

@@ -5,7 +5,7 @@ app`, where the runtime reads it."""
 import subprocess
 import sys
 
-from engine.omp_spin import SPIN_ROUNDS, bound_openmp_spin
+from kvscope.engine.omp_spin import SPIN_ROUNDS, bound_openmp_spin
 
 
 def test_the_limit_is_set_unless_the_user_chose_one():
@@ -32,7 +32,7 @@ print(seen[0])
 
 def test_torch_first_loads_with_the_limit_in_the_environment():
     env = {k: v for k, v in __import__("os").environ.items() if k != "GOMP_SPINCOUNT"}
-    for package in ("engine", "app.cli.main"):
+    for package in ("kvscope.engine", "kvscope.app.cli.main"):
         out = subprocess.run(
             [sys.executable, "-c", ORDER.format(package=package)],
             capture_output=True, text=True, env=env, timeout=120, check=True,

@@ -1,6 +1,11 @@
 """The fused decode's choice between threads and one thread, driven with made-up step times."""
 
-from engine.model.parallel_choice import FIRST_PROBE, PROBE_EVERY, PROBE_STEPS, ParallelChoice
+from kvscope.engine.model.parallel_choice import (
+    FIRST_PROBE,
+    PROBE_EVERY,
+    PROBE_STEPS,
+    ParallelChoice,
+)
 
 
 def _run(choice: ParallelChoice, steps: int, seconds, rows: int = 1) -> list[bool]:

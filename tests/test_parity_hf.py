@@ -5,7 +5,7 @@ import torch
 from tiny_models import make_tiny_model
 from transformers import AutoModelForCausalLM
 
-from engine import LLM, SamplingParams
+from kvscope.engine import LLM, SamplingParams
 
 NUM_PROMPTS = 10
 GREEDY_TOKENS = 32

@@ -19,8 +19,8 @@ from tiny_models import (
     make_quant_gguf,
 )
 
-from app.bench import peer_models
-from app.bench.peer_models_setup import (
+from kvscope.app.bench import peer_models
+from kvscope.app.bench.peer_models_setup import (
     MODEL_NAMES,
     ModelChoice,
     cpu_description,
@@ -28,8 +28,13 @@ from app.bench.peer_models_setup import (
     parse_model_names,
     thread_counts,
 )
-from app.bench.peer_models_table import COLUMNS, finish_row, markdown_table, plot_peer_models
-from engine.bench.synthetic_gguf import Shape, add_shape_metadata
+from kvscope.app.bench.peer_models_table import (
+    COLUMNS,
+    finish_row,
+    markdown_table,
+    plot_peer_models,
+)
+from kvscope.engine.bench.synthetic_gguf import Shape, add_shape_metadata
 
 
 def _tied_gguf(path: Path) -> Path:
@@ -263,7 +268,7 @@ def test_a_failed_peer_is_said_under_the_table():
 
 
 def test_the_flag_pair_runs_the_table_and_bad_flags_name_their_value(tmp_path, capsys, monkeypatch):
-    from app.cli.main import main
+    from kvscope.app.cli.main import main
 
     # the pair reaches this bench (and no other): its own checks answer before anything loads
     def not_run(*args, **kwargs):
@@ -282,8 +287,8 @@ def test_the_flag_pair_runs_the_table_and_bad_flags_name_their_value(tmp_path, c
 
 def test_the_cpu_is_read_once_for_name_and_flags(tmp_path):
     """One reader of /proc/cpuinfo serves the reports and the peer's build options."""
-    from app.bench.cpu_model import cpu_flags, cpu_model_name
-    from app.bench.llama_cpp_build import cmake_options
+    from kvscope.app.bench.cpu_model import cpu_flags, cpu_model_name
+    from kvscope.app.bench.llama_cpp_build import cmake_options
 
     info = tmp_path / "cpuinfo"
     info.write_text(

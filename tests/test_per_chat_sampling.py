@@ -4,8 +4,8 @@ import sqlite3
 
 import pytest
 
-from app.core.chat_store import _MIGRATIONS, SCHEMA_VERSION, ChatStore
-from app.core.settings import SamplingSettings
+from kvscope.app.core.chat_store import _MIGRATIONS, SCHEMA_VERSION, ChatStore
+from kvscope.app.core.settings import SamplingSettings
 
 TIMEOUT_MS = 120_000
 

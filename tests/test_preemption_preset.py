@@ -13,7 +13,7 @@ import math
 import pytest
 from tiny_models import make_tiny_model
 
-from app.core.loadgen import (
+from kvscope.app.core.loadgen import (
     DEMO_TARGET_S,
     DEMO_TOO_SLOW,
     PROMPT_SLACK,
@@ -21,8 +21,13 @@ from app.core.loadgen import (
     LoadGenerator,
     plan_preemption_demo,
 )
-from app.core.step_speed import DEFAULT_SPEED, MIXED_SHARE, MachineSpeed, StepSpeed
-from engine.kv.events import PrefixCacheHit, SequenceFinished, SequencePreempted, StepProgress
+from kvscope.app.core.step_speed import DEFAULT_SPEED, MIXED_SHARE, MachineSpeed, StepSpeed
+from kvscope.engine.kv.events import (
+    PrefixCacheHit,
+    SequenceFinished,
+    SequencePreempted,
+    StepProgress,
+)
 
 # This 2-core machine on the bundled model (prefill 390 tokens/s; decode steps of 1, 4, 8, 16
 # sequences: 15, 24, 36, 63 ms), and a GPU-like one.
@@ -159,10 +164,10 @@ def test_a_measured_mixed_rate_slows_the_prefill_estimate():
 
 
 def test_the_panel_says_when_and_offers_a_smaller_pool(qtbot, default_model):
-    from app.core.engine_messages import EngineInfo
-    from app.core.settings import EngineSettings
-    from app.desktop.loadgen_panel import LoadGeneratorPanel
-    from engine import LLM
+    from kvscope.app.core.engine_messages import EngineInfo
+    from kvscope.app.core.settings import EngineSettings
+    from kvscope.app.desktop.loadgen_panel import LoadGeneratorPanel
+    from kvscope.engine import LLM
 
     knobs = {"device": "cpu", "dtype": "float32", "max_model_len": 2048}
     llm = LLM(model=default_model, num_kv_blocks=DEFAULT_POOL, **knobs)
@@ -206,7 +211,7 @@ def test_measured_on_a_tiny_model_the_preset_preempts(tmp_path, default_model_la
     and the engine preempts within the steps the plan expects (steps, not seconds)."""
     import time
 
-    from engine import LLM, SamplingParams
+    from kvscope.engine import LLM, SamplingParams
 
     folder = make_tiny_model("llama", tmp_path / "tiny", tokenizer=default_model_lazy.tokenizer)
     llm = LLM(model=str(folder), device="cpu", num_kv_blocks=48, max_model_len=256)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from kv_checks import assert_telemetry_matches
 
-from engine.kv.block_manager import BlockManager
-from engine.kv.events import (
+from kvscope.engine.kv.block_manager import BlockManager
+from kvscope.engine.kv.events import (
     EventLog,
     SequenceAdded,
     SequenceFinished,
@@ -21,8 +21,8 @@ from engine.kv.events import (
     event_from_json,
     event_to_json,
 )
-from engine.kv.prefix_index import PrefixIndex
-from engine.kv.telemetry import PoolTelemetry
+from kvscope.engine.kv.prefix_index import PrefixIndex
+from kvscope.engine.kv.telemetry import PoolTelemetry
 
 
 def _cached_bm(num_blocks: int = 8, block_size: int = 4) -> BlockManager:

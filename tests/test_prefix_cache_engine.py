@@ -7,7 +7,7 @@ checks the allocator is exact and no block is still referenced once every reques
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from kvscope.engine import LLM, SamplingParams
 
 MAX_TOKENS = 8
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)

@@ -7,10 +7,10 @@ import pytest
 import torch
 from tiny_models import QUANT_TYPES, make_quant_gguf, make_tiny_model, random_quant_blocks
 
-import engine.model.gguf_loader as gguf_loader
-from engine import LLM, SamplingParams
-from engine.model.loader import load_model
-from engine.quant.cpu_layout import (
+import kvscope.engine.model.gguf_loader as gguf_loader
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.model.loader import load_model
+from kvscope.engine.quant.cpu_layout import (
     KERNEL_ENV,
     KERNEL_TILE_WIDTHS,
     _pack_codes,
@@ -18,9 +18,9 @@ from engine.quant.cpu_layout import (
     gemv_kernels,
     kernel_tile_width,
 )
-from engine.quant.gguf_blocks import decode_blocks, to_quantized_tensor
-from engine.quant.rtn import quantize_rtn
-from kernels.quant_format import cat_rows, quantized_matmul_torch
+from kvscope.engine.quant.gguf_blocks import decode_blocks, to_quantized_tensor
+from kvscope.engine.quant.rtn import quantize_rtn
+from kvscope.kernels.quant_format import cat_rows, quantized_matmul_torch
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES)
@@ -68,7 +68,7 @@ def test_kept_quantized_forward_matches_dequantized_reference(tmp_path, qtype, m
     # float32 over quantized weights dequantizes at load when that fits (next test); the
     # per-call path is what remains when it does not: make it not fit.
     with monkeypatch.context() as m:
-        m.setattr("engine.llm_engine.free_memory", lambda device: 1)
+        m.setattr("kvscope.engine.llm_engine.free_memory", lambda device: 1)
         kept_llm = LLM(model=loaded, dtype="float32", quantization="auto", **kw)
     assert ref_llm.stats()["weight_layout"] == "dense"
     assert kept_llm.stats()["weight_layout"] == "dequant-per-call"
@@ -99,8 +99,8 @@ def test_kept_quantized_forward_matches_dequantized_reference(tmp_path, qtype, m
 
 def _hidden(engine, prompt):
     """Last-position hidden state of one prompt through a scratch pool (no scheduler)."""
-    from engine.kv.kv_cache import KVCache
-    from engine.model.attention import AttentionMetadata
+    from kvscope.engine.kv.kv_cache import KVCache
+    from kvscope.engine.model.attention import AttentionMetadata
 
     mc, model = engine.model_config, engine.model
     n, bs = len(prompt), 16
@@ -126,7 +126,7 @@ def test_bundled_model_greedy_tokens_identical_kept_quantized(
     assert ref.stats()["weight_choice"] == ""  # nothing was chosen: the user said "none"
     assert default.stats()["weight_bytes"] == ref.stats()["weight_bytes"]
     with monkeypatch.context() as m:  # the dense weights do not fit: per call, and said so
-        m.setattr("engine.llm_engine.free_memory", lambda device: 1)
+        m.setattr("kvscope.engine.llm_engine.free_memory", lambda device: 1)
         kept = LLM(model=default_model_lazy, quantization="auto", **kw)
     assert kept.stats()["weight_format"] == "Q4_1+Q8_0"
     assert kept.stats()["weight_layout"] == "dequant-per-call"
@@ -216,7 +216,7 @@ def test_cpu_layout_matmul_close_to_reference(qtype, rows, kernel, monkeypatch):
 
 def test_cpu_without_a_known_int4_layout_falls_back_to_bf16_dense(monkeypatch):
     monkeypatch.setenv(KERNEL_ENV, "torch")  # torch's kernels only, as without numba
-    monkeypatch.setattr("engine.quant.cpu_layout.int4_kernel_available", lambda: False)
+    monkeypatch.setattr("kvscope.engine.quant.cpu_layout.int4_kernel_available", lambda: False)
     w = _random_weight("Q4_K", 72, 512)
     layout = cpu_layout(w)
     assert layout.dense is not None and not layout.parts
@@ -230,7 +230,7 @@ def test_unsupported_tensor_type_is_refused_by_name(tmp_path):
     data = bytearray(path.read_bytes())
     # Retype one tensor as IQ4_NL (same block size and bytes as Q4_0): it must be named.
     f = load_model(path)  # noqa: F841  (a valid file first)
-    from engine.model.gguf_file import read_gguf
+    from kvscope.engine.model.gguf_file import read_gguf
 
     t = next(t for t in read_gguf(path).tensors if t.name == "blk.1.ffn_up.weight")
     name = t.name.encode()
@@ -245,8 +245,8 @@ def test_unsupported_tensor_type_is_refused_by_name(tmp_path):
 
 
 def test_a_model_that_cannot_fit_is_refused_before_loading(tmp_path, monkeypatch):
-    import engine.model_build as build
-    from engine.model_too_large import ModelTooLargeError
+    import kvscope.engine.model_build as build
+    from kvscope.engine.model_too_large import ModelTooLargeError
 
     path = make_quant_gguf(tmp_path / "m.gguf", "Q4_K")
     loaded = load_model(path)
@@ -263,7 +263,7 @@ def test_a_model_that_cannot_fit_is_refused_before_loading(tmp_path, monkeypatch
 
 
 def test_out_of_memory_while_building_is_a_clear_error(tmp_path, monkeypatch):
-    from engine.model_too_large import ModelTooLargeError
+    from kvscope.engine.model_too_large import ModelTooLargeError
 
     loaded = load_model(make_quant_gguf(tmp_path / "m.gguf", "Q8_0"))
 
@@ -276,14 +276,14 @@ def test_out_of_memory_while_building_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_planner_counts_the_kept_format(tmp_path, monkeypatch):
-    from engine.planner import plan_kv
+    from kvscope.engine.planner import plan_kv
 
     path = make_quant_gguf(tmp_path / "m.gguf", "Q4_K")
     kept = plan_kv(path, context=256, vram_bytes="1GiB")
     dense = plan_kv(path, context=256, vram_bytes="1GiB", quantization="none")
     assert kept.weights_format == "Q4_K" and dense.weights_format == "dequantized"
     # The CPU float32 path keeps the packed format only where the dense weights do not fit.
-    monkeypatch.setattr("engine.llm_engine.free_memory", lambda device: 1)
+    monkeypatch.setattr("kvscope.engine.llm_engine.free_memory", lambda device: 1)
     llm = LLM(model=str(path), device="cpu", dtype="float32", num_kv_blocks=8)
     assert llm.stats()["weight_layout"] == "dequant-per-call"
     # The GPU keeps the packed format as that CPU float32 path does: bytes agree but for the
@@ -294,8 +294,8 @@ def test_planner_counts_the_kept_format(tmp_path, monkeypatch):
 
 
 def test_out_of_memory_in_the_tokenizer_is_not_called_a_broken_tokenizer(tmp_path, monkeypatch):
-    import engine.model.gguf_loader as loader_module
-    from engine.model_too_large import ModelTooLargeError
+    import kvscope.engine.model.gguf_loader as loader_module
+    from kvscope.engine.model_too_large import ModelTooLargeError
 
     path = make_quant_gguf(tmp_path / "fresh.gguf", "Q8_0")  # a new file: not in the cache
 

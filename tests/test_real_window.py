@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from kvscope.engine.child_python import python_module_command
+
 ROOT = Path(__file__).resolve().parents[1]
 QT_PLUGINS = Path(__import__("PySide6").__file__).parent / "Qt" / "plugins" / "platforms"
 
@@ -74,7 +76,7 @@ def test_window_opens_on_a_real_x_server(xvfb, tmp_path):
         "KVSCOPE_DATA_DIR": str(tmp_path / "data"),
     }
     app = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "--screenshot", str(shot)],
+        python_module_command("kvscope.app.cli", "--screenshot", str(shot)),
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

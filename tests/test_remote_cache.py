@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.remote.kv_wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
-from app.remote.remote_cache import HISTORY_MAX, RemoteCache
+from kvscope.app.remote.kv_wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from kvscope.app.remote.remote_cache import HISTORY_MAX, RemoteCache
 
 BS = 2
 

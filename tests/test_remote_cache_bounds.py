@@ -17,12 +17,12 @@ import msgspec
 import pytest
 from remote_fakes import FakeKVServer, free_endpoint, wait_until
 
-from app.desktop.remote_view.status_line import count_text, status_line
-from app.remote.connection import parse_connection
-from app.remote.kv_subscriber import SubscriberStatus
-from app.remote.kv_wire import BlockRemoved, BlockStored, EventBatch
-from app.remote.monitor import ReplicaMonitor
-from app.remote.remote_cache import DEFAULT_MAX_BLOCKS, RemoteCache, block_cap
+from kvscope.app.desktop.remote_view.status_line import count_text, status_line
+from kvscope.app.remote.connection import parse_connection
+from kvscope.app.remote.kv_subscriber import SubscriberStatus
+from kvscope.app.remote.kv_wire import BlockRemoved, BlockStored, EventBatch
+from kvscope.app.remote.monitor import ReplicaMonitor
+from kvscope.app.remote.remote_cache import DEFAULT_MAX_BLOCKS, RemoteCache, block_cap
 
 BS = 16
 
@@ -203,7 +203,7 @@ def stream_status(**changes) -> SubscriberStatus:
 
 
 def test_the_card_says_what_was_not_kept_and_a_huge_missed_count_reads(qtbot):
-    from app.desktop.remote_view.replica_card import ReplicaCard
+    from kvscope.app.desktop.remote_view.replica_card import ReplicaCard
 
     monitor = offline_monitor(max_blocks=100)
     monitor._on_batch(0, EventBatch(0.0, chains(250)))

@@ -17,9 +17,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from served import start_server
 
-from app.core.chat_store import _MIGRATIONS, SCHEMA_VERSION, ChatStore, RemoteTarget
-from app.remote.connection import parse_connection
-from app.remote.openai_http import ChatDelta, OpenAIHttp, RemoteError, _chat_deltas, _error_text
+from kvscope.app.core.chat_store import _MIGRATIONS, SCHEMA_VERSION, ChatStore, RemoteTarget
+from kvscope.app.remote.connection import parse_connection
+from kvscope.app.remote.openai_http import (
+    ChatDelta,
+    OpenAIHttp,
+    RemoteError,
+    _chat_deltas,
+    _error_text,
+)
 
 KEY = "remote-chat-key"
 MAX_MODEL_LEN = 256
@@ -341,7 +347,7 @@ def test_a_chat_whose_connection_is_gone_says_so_and_keeps_its_history(
 
 def test_a_delta_for_an_absurd_sample_index_is_dropped():
     """A broken server's `index` must not grow the reply's lists to that size."""
-    from app.remote.remote_chat_qt import _Reply
+    from kvscope.app.remote.remote_chat_qt import _Reply
 
     reply = _Reply("r1", 1, "a · m")
     assert reply.apply(ChatDelta(index=10**9, text="x", finish_reason="stop")) is False

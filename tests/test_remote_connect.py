@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.cli.main import build_parser, connections_from_args, main
-from app.remote.connection import parse_connection
+from kvscope.app.cli.main import build_parser, connections_from_args, main
+from kvscope.app.remote.connection import parse_connection
 
 
 def _parse(*argv: str):

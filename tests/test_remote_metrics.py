@@ -9,10 +9,10 @@ import time
 import pytest
 from remote_fakes import free_endpoint, wait_until
 
-from app.remote.connection import parse_connection
-from app.remote.metrics_scrape import MetricsDelta, MetricsParseError, parse_metrics
-from app.remote.monitor import ReplicaMonitor
-from app.serve.metrics import ServerMetrics
+from kvscope.app.remote.connection import parse_connection
+from kvscope.app.remote.metrics_scrape import MetricsDelta, MetricsParseError, parse_metrics
+from kvscope.app.remote.monitor import ReplicaMonitor
+from kvscope.app.serve.metrics import ServerMetrics
 
 # As vLLM 0.7-0.8 exposed them (hand-written): gpu_* names, time_per_output_token, two engines.
 OLD_VLLM = """\
@@ -130,8 +130,8 @@ def test_the_poller_reports_a_server_that_is_not_there():
 
 
 def test_the_poller_sends_the_api_key(default_model):
-    from app.serve.server import Server
-    from engine import LLM
+    from kvscope.app.serve.server import Server
+    from kvscope.engine import LLM
 
     llm = LLM(model=default_model, device="cpu", dtype="float32", num_kv_blocks=16)
     srv = Server(llm, port=0, api_key="sekret").start()
@@ -152,7 +152,7 @@ def test_the_poller_sends_the_api_key(default_model):
 
 
 def test_snapshots_reuse_the_cache_copy_until_it_changes():
-    from app.remote.kv_wire import BlockStored, EventBatch
+    from kvscope.app.remote.kv_wire import BlockStored, EventBatch
 
     conn = parse_connection("http://127.0.0.1:9", kv_events=free_endpoint())
     monitor = ReplicaMonitor(conn)  # not started: the subscriber's callback is driven by hand
@@ -170,7 +170,7 @@ def test_a_hostile_metrics_page_is_refused_and_the_poller_recovers():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from app.remote.monitor import MAX_METRICS_BYTES
+    from kvscope.app.remote.monitor import MAX_METRICS_BYTES
 
     page = {"body": b"x" * (MAX_METRICS_BYTES + 1)}
 
@@ -211,7 +211,7 @@ def test_a_trickling_metrics_page_is_cut_and_stop_is_prompt():
     deadline, and stop() ends the poller mid-read."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from app.remote.monitor import SCRAPE_DEADLINE_S
+    from kvscope.app.remote.monitor import SCRAPE_DEADLINE_S
 
     class Trickle(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)

@@ -12,9 +12,9 @@ from remote_fakes import FakeKVServer, wait_until
 from served import free_endpoint
 from test_remote_subscriber import Recorder, payload, stop_promptly
 
-from app.remote.kv_replay import ReplayClient, ReplayFailed
-from app.remote.kv_stream import MAX_SEQ
-from app.remote.kv_subscriber import KVEventSubscriber
+from kvscope.app.remote.kv_replay import ReplayClient, ReplayFailed
+from kvscope.app.remote.kv_stream import MAX_SEQ
+from kvscope.app.remote.kv_subscriber import KVEventSubscriber
 
 
 class HostileReplay:

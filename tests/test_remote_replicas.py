@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,10 +17,11 @@ import httpx
 import pytest
 from remote_fakes import wait_until
 
-from app.remote.connection import parse_connection
-from app.remote.monitor import ReplicaMonitor
-from app.remote.openai_http import OpenAIHttp
-from app.remote.routing import predict_hits
+from kvscope.app.remote.connection import parse_connection
+from kvscope.app.remote.monitor import ReplicaMonitor
+from kvscope.app.remote.openai_http import OpenAIHttp
+from kvscope.app.remote.routing import predict_hits
+from kvscope.engine.child_python import python_module_command
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_SIZE = 16
@@ -60,7 +60,7 @@ class Replica:
 
     def start(self) -> Replica:
         args = [
-            sys.executable, "-m", "app.cli", "serve", "--port", str(self.http),
+            *python_module_command("kvscope.app.cli"), "serve", "--port", str(self.http),
             "--kv-events", f"tcp://127.0.0.1:{self.pub}",
             "--kv-events-replay", f"tcp://127.0.0.1:{self.replay}",
             "--block-size", str(BLOCK_SIZE), "--num-kv-blocks", "96", "--max-model-len", "512",

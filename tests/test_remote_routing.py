@@ -16,12 +16,12 @@ import xxhash
 from remote_fakes import wait_until
 from served import start_server
 
-from app.core.block_hashes import ALGOS, BlockHasher, hasher_for
-from app.remote.connection import parse_connection
-from app.remote.kv_wire import BlockStored, EventBatch
-from app.remote.monitor import ReplicaMonitor
-from app.remote.remote_cache import RemoteCache
-from app.remote.routing import TOKEN_METHOD, predict_hits
+from kvscope.app.core.block_hashes import ALGOS, BlockHasher, hasher_for
+from kvscope.app.remote.connection import parse_connection
+from kvscope.app.remote.kv_wire import BlockStored, EventBatch
+from kvscope.app.remote.monitor import ReplicaMonitor
+from kvscope.app.remote.remote_cache import RemoteCache
+from kvscope.app.remote.routing import TOKEN_METHOD, predict_hits
 
 BS = 4
 SEED = "1234"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.desktop.remote_view.status_line import BAD, StatusLine, plain_http_error
+from kvscope.app.desktop.remote_view.status_line import BAD, StatusLine, plain_http_error
 
 URL = "http://127.0.0.1:8000"
 
@@ -33,7 +33,7 @@ def test_an_unknown_error_is_kept_as_raised():
 
 
 def test_the_card_wraps_a_long_status_below_the_button(qtbot):
-    from app.desktop.remote_view.replica_card import ReplicaCard
+    from kvscope.app.desktop.remote_view.replica_card import ReplicaCard
 
     card = ReplicaCard("127.0.0.1:8000", "#4C8DFF")
     qtbot.addWidget(card)

@@ -13,10 +13,10 @@ import pytest
 from remote_fakes import FakeKVServer, free_endpoint, wait_until
 from served import engine_event_hashes, start_server
 
-from app.remote.kv_stream import RESTART_SEQ
-from app.remote.kv_subscriber import KVEventSubscriber
-from app.remote.kv_wire import AllBlocksCleared
-from app.remote.remote_cache import RemoteCache
+from kvscope.app.remote.kv_stream import RESTART_SEQ
+from kvscope.app.remote.kv_subscriber import KVEventSubscriber
+from kvscope.app.remote.kv_wire import AllBlocksCleared
+from kvscope.app.remote.remote_cache import RemoteCache
 
 
 def payload(seq: int, *events) -> bytes:
@@ -85,7 +85,7 @@ def test_malformed_frames_are_counted_and_the_stream_goes_on():
 def test_a_frame_over_the_size_limit_drops_the_link_not_the_process(monkeypatch):
     """A peer announcing a frame over MAX_FRAME_BYTES: ZMQ drops that connection instead of
     this process allocating it, the subscriber reconnects, and later batches arrive."""
-    from app.remote import kv_subscriber
+    from kvscope.app.remote import kv_subscriber
 
     monkeypatch.setattr(kv_subscriber, "MAX_FRAME_BYTES", 4096)  # the limit, made small
     server, rec = FakeKVServer(), Recorder()

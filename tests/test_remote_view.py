@@ -13,16 +13,16 @@ import pytest
 from PySide6.QtGui import QTextDocumentFragment
 from served import free_endpoint, start_server
 
-from app.desktop.remote_view import ConnectDialog, RemoteView, add_connect_action
-from app.desktop.remote_view.merged_tree import merge_trees
-from app.desktop.remote_view.prefix_tree import RUN_ROLE
-from app.remote.connection import parse_connection
-from app.remote.connections_qt import ConnectionList
-from app.remote.kv_subscriber import SubscriberStatus
-from app.remote.kv_wire import AllBlocksCleared, BlockStored, EventBatch
-from app.remote.metrics_scrape import RemoteMetrics, parse_metrics
-from app.remote.monitor import ReplicaSnapshot
-from app.remote.remote_cache import RemoteCache
+from kvscope.app.desktop.remote_view import ConnectDialog, RemoteView, add_connect_action
+from kvscope.app.desktop.remote_view.merged_tree import merge_trees
+from kvscope.app.desktop.remote_view.prefix_tree import RUN_ROLE
+from kvscope.app.remote.connection import parse_connection
+from kvscope.app.remote.connections_qt import ConnectionList
+from kvscope.app.remote.kv_subscriber import SubscriberStatus
+from kvscope.app.remote.kv_wire import AllBlocksCleared, BlockStored, EventBatch
+from kvscope.app.remote.metrics_scrape import RemoteMetrics, parse_metrics
+from kvscope.app.remote.monitor import ReplicaSnapshot
+from kvscope.app.remote.remote_cache import RemoteCache
 
 BS = 16
 SYSTEM = list(range(1000, 1000 + 40 * BS))  # a 40-block shared system prompt
@@ -328,7 +328,7 @@ def test_the_connect_action_lands_in_the_engine_menu_and_adds_the_connection(qtb
 
 
 def test_status_lines_count_silence_and_the_reconnect_backoff():
-    from app.desktop.remote_view.status_line import status_line
+    from kvscope.app.desktop.remote_view.status_line import status_line
 
     conn = parse_connection("http://gpu-a:8000", "tcp://gpu-a:5557")
     now = time.time()
@@ -463,7 +463,7 @@ def test_a_narrow_view_puts_tree_plots_and_routing_in_tabs(two_replicas, qtbot):
 def test_metrics_plots_running_and_token_rate_from_scrapes():
     """The "over time" plots read /metrics scrapes: running + waiting as scraped, tokens/s
     between consecutive scrapes, and no point across a counter that went down (a restart)."""
-    from app.desktop.remote_view.held_plot import rate_series, scrape_series
+    from kvscope.app.desktop.remote_view.held_plot import rate_series, scrape_series
 
     now = 1000.0
     scrapes = [
@@ -482,8 +482,8 @@ def test_metrics_plots_running_and_token_rate_from_scrapes():
 def test_one_replicas_bad_values_stay_on_its_own_card(two_replicas, qtbot):
     """A replica whose snapshot raises, or whose metrics hold values that cannot be numbers,
     does not freeze the tab: the other replica's card goes on updating."""
-    from app.remote.metrics_scrape import parse_metrics as parse
-    from app.remote.monitor import model_ids
+    from kvscope.app.remote.metrics_scrape import parse_metrics as parse
+    from kvscope.app.remote.monitor import model_ids
 
     view, _connections, snaps, monitors = two_replicas
     bad = parse('vllm:cache_config_info{block_size="inf",engine="0"} 1.0\n')

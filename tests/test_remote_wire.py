@@ -11,8 +11,8 @@ import msgspec
 import pytest
 from remote_fakes import FakeKVServer, wait_until
 
-from app.remote.kv_subscriber import KVEventSubscriber
-from app.remote.kv_wire import (
+from kvscope.app.remote.kv_subscriber import KVEventSubscriber
+from kvscope.app.remote.kv_wire import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -215,7 +215,7 @@ def test_older_vllm_missing_fields_take_defaults():
 
 
 def test_our_publisher_structs_decode_both_layouts():
-    from app.serve.kv_events import event_structs
+    from kvscope.app.serve.kv_events import event_structs
 
     for encoding in ("array", "map"):
         s = event_structs(encoding)
@@ -297,7 +297,7 @@ def test_an_absurd_block_size_is_malformed():
     """One event must not set a replica's block size to 10^7 (the view sizes by it)."""
     import msgspec
 
-    from app.remote.kv_wire import MAX_BLOCK_SIZE, MalformedFrame, decode_batch
+    from kvscope.app.remote.kv_wire import MAX_BLOCK_SIZE, MalformedFrame, decode_batch
 
     def batch(size):
         event = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None}

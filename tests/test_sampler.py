@@ -4,13 +4,13 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from engine.model.sampler import (
+from kvscope.engine.model.sampler import (
     Sampler,
     SamplingRow,
     _apply_repetition_penalty,
     _filter_cutoff,
 )
-from engine.sampling_params import SamplingParams
+from kvscope.engine.sampling_params import SamplingParams
 
 # A crafted distribution over 8 tokens, best first, shuffled in the vocabulary.
 PROBS = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.015, 0.005])

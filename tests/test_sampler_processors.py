@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-from engine.model.sampler import (
+from kvscope.engine.model.sampler import (
     Sampler,
     SamplingRow,
     _apply_masks_and_bias,
     _apply_output_penalties,
 )
-from engine.sampling_params import SamplingParams
+from kvscope.engine.sampling_params import SamplingParams
 
 VOCAB = 50
 

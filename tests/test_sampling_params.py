@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from engine.sampling_params import BeamSearchParams, ParamError, SamplingParams
+from kvscope.engine.sampling_params import BeamSearchParams, ParamError, SamplingParams
 
 
 def test_defaults_match_the_design_contract():

@@ -3,12 +3,12 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv.block_manager import BlockManager
-from engine.kv.events import EventLog, SequencePreempted
-from engine.outputs import RequestMetrics
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Request, Sequence, SequenceStatus
+from kvscope.engine.kv.block_manager import BlockManager
+from kvscope.engine.kv.events import EventLog, SequencePreempted
+from kvscope.engine.outputs import RequestMetrics
+from kvscope.engine.sampling_params import SamplingParams
+from kvscope.engine.scheduler import Scheduler
+from kvscope.engine.sequence import Request, Sequence, SequenceStatus
 
 
 def _seq(prompt_len: int, max_tokens: int = 4) -> Sequence:

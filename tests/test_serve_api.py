@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from served import start_server
 
-from app.bench.serve_bench import ServeBenchSettings, run_load
+from kvscope.app.bench.serve_bench import ServeBenchSettings, run_load
 
 KEY = "test-key"
 MAX_MODEL_LEN = 256
@@ -425,7 +425,7 @@ def test_cache_config_info_names_block_size_and_hash(server):
 
 
 def test_serve_flags_default_to_this_machine_only():
-    from app.cli.main import build_parser
+    from kvscope.app.cli.main import build_parser
 
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.api_key, args.kv_events) == ("127.0.0.1", 8000, None, None)
@@ -434,10 +434,17 @@ def test_serve_flags_default_to_this_machine_only():
         ["bench", "--serve", "--clients", "4", "--max-model-len", "512"]
     )
     assert (bench.serve, bench.clients, bench.max_model_len) == (True, 4, 512)
-    from app.bench.serve_bench import server_command
+    from kvscope.app.bench.serve_bench import server_command
 
     big = build_parser().parse_args(["bench", "--serve", "--clients", "100", "--dtype", "float32"])
     cmd = server_command(big, 9999, big.clients)
-    assert cmd[2:8] == ["app.cli", "serve", "--host", "127.0.0.1", "--port", "9999"]
+    assert cmd[cmd.index("-m") + 1 :][:6] == [
+        "kvscope.app.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9999",
+    ]
     assert cmd[cmd.index("--max-num-seqs") + 1] == "100"  # every client in one batch
     assert cmd[cmd.index("--dtype") + 1] == "float32"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -19,9 +18,9 @@ import pytest
 from served import start_server
 from tiny_models import make_tiny_gguf
 
-from app.serve.connections import ConnectionLimits
-from app.serve.fd_budget import connection_budget
-from app.serve.log_limits import RateLimitFilter
+from kvscope.app.serve.connections import ConnectionLimits
+from kvscope.app.serve.fd_budget import connection_budget
+from kvscope.app.serve.log_limits import RateLimitFilter
 
 REPO = Path(__file__).resolve().parents[1]
 HANG_S = 15  # a closed socket shows within this; past it the server is holding it
@@ -157,7 +156,6 @@ def _child(tiny_gguf: Path, tmp_path: Path, soft: int, hard: int, header_timeout
         stderr=err,
         text=True,
         cwd=REPO,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
     )
     err.close()
     return child, tmp_path / "server.err"

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from served import start_server
 
-from app.serve.guards import MAX_BODY_BYTES
-from app.serve.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from kvscope.app.serve.guards import MAX_BODY_BYTES
+from kvscope.app.serve.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.bench.llama_server import (
+from kvscope.app.bench.llama_server import (
     BUILD_HINT,
     LlamaServerMissing,
     LlamaServerSpec,
@@ -19,7 +19,7 @@ from app.bench.llama_server import (
     slot_context,
     start_logged,
 )
-from app.bench.serve_bench import (
+from kvscope.app.bench.serve_bench import (
     ServeBenchSettings,
     parse_target,
     run_load,
@@ -27,9 +27,9 @@ from app.bench.serve_bench import (
     stop_server,
     wait_until_up,
 )
-from app.bench.serve_peer import cell_order, died_why
-from app.bench.serve_peer_report import markdown_table, plot_serve_peer
-from app.cli.main import build_parser
+from kvscope.app.bench.serve_peer import cell_order, died_why
+from kvscope.app.bench.serve_peer_report import markdown_table, plot_serve_peer
+from kvscope.app.cli.main import build_parser
 
 
 class _OpenAIish(BaseHTTPRequestHandler):
@@ -240,8 +240,8 @@ def _llama_server_or_skip() -> Path:
 def test_llama_server_on_the_bundled_model(tmp_path):
     """The real llama-server (where `make peer` built it): the client reads its stream, its
     usage and its own counters; ignore_eos makes every reply max_tokens long."""
-    from app.bench.serve_bench import free_port
-    from engine.model.loader import default_model_path
+    from kvscope.app.bench.serve_bench import free_port
+    from kvscope.engine.model.loader import default_model_path
 
     binary = _llama_server_or_skip()
     spec = LlamaServerSpec(binary, default_model_path(), threads=1, slot_ctx=512, slots=2)

@@ -39,8 +39,8 @@ CHECKS = (
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from app.serve.server import Server
-    from engine import LLM
+    from kvscope.app.serve.server import Server
+    from kvscope.engine import LLM
 
     path, _ = make_tiny_gguf("llama", tmp_path_factory.mktemp("tiny") / "tiny.gguf")
     llm = LLM(

@@ -14,13 +14,13 @@ from test_pool_sentence import check_sentences
 from tiny_gemma3 import make_tiny_gemma3_gguf
 from tiny_models import make_tiny_gguf
 
-import engine.model_build
-import engine.weight_fit
-from app.core.build_check import build_problems
-from app.core.settings import AppSettings, EngineSettings
-from app.desktop.settings_dialog import SettingsDialog
-from engine import LLM, planner
-from engine.model.model_config import FULL, SLIDING, ModelConfig
+import kvscope.engine.model_build as model_build
+import kvscope.engine.weight_fit as weight_fit
+from kvscope.app.core.build_check import build_problems
+from kvscope.app.core.settings import AppSettings, EngineSettings
+from kvscope.app.desktop.settings_dialog import SettingsDialog
+from kvscope.engine import LLM, planner
+from kvscope.engine.model.model_config import FULL, SLIDING, ModelConfig
 
 TIMEOUT_MS = 120_000
 CPU = dict(device="cpu", dtype="float32")
@@ -107,8 +107,8 @@ def test_a_pool_without_room_for_one_sequence_is_refused(tmp_path):
 
 def test_weights_that_do_not_fit_are_refused_and_fail_the_build(qtbot, tiny_gguf, monkeypatch):
     free = 100 << 20  # less than the 600 MiB runtime the engine counts on a CPU
-    monkeypatch.setattr(engine.weight_fit, "free_memory", lambda device: free)
-    monkeypatch.setattr(engine.model_build, "free_memory", lambda device: free)
+    monkeypatch.setattr(weight_fit, "free_memory", lambda device: free)
+    monkeypatch.setattr(model_build, "free_memory", lambda device: free)
     dialog = open_dialog(qtbot, model=str(tiny_gguf), kv_budget_mib=64, **CPU)
     [problem] = dialog.problems()
     assert re.search(r"needs \d+\.\d\d GiB of RAM to load .* but 0\.10 GiB is free", problem)

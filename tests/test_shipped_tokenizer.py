@@ -10,11 +10,11 @@ import pytest
 from test_tokenizer_cache import assert_same_tokenizer
 from tiny_models import bundled_tokenizer, make_tiny_gguf
 
-import engine.model.tokenizer_cache as tokenizer_cache
-from engine.model.gguf_file import read_gguf
-from engine.model.loader import default_model_path, load_model
-from engine.model.ship_tokenizer import write_shipped
-from engine.model.tokenizer_cache import (
+import kvscope.engine.model.tokenizer_cache as tokenizer_cache
+from kvscope.engine.model.gguf_file import read_gguf
+from kvscope.engine.model.loader import default_model_path, load_model
+from kvscope.engine.model.ship_tokenizer import write_shipped
+from kvscope.engine.model.tokenizer_cache import (
     cache_root,
     content_key,
     shipped_root,
@@ -54,8 +54,9 @@ def test_the_package_ships_the_bundled_tokenizer_as_a_fresh_conversion():
     metadata = read_gguf(default_model_path()).metadata
     entry = shipped_root() / content_key(metadata)
     assert entry.is_dir(), (
-        f"{entry} is missing: `make setup` writes it (python -m engine.model.ship_tokenizer "
-        "--write); after a transformers upgrade it must be written again"
+        f"{entry} is missing: `make setup` writes it "
+        "(python -m kvscope.engine.model.ship_tokenizer --write); after a transformers upgrade it "
+        "must be written again"
     )
     assert_same_tokenizer(bundled_tokenizer(), shipped_tokenizer(metadata))
 

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from kv_checks import assert_telemetry_matches
 
-from engine.kv.allocator import NULL_BLOCK
-from engine.kv.block_manager import BlockManager
-from engine.kv.events import (
+from kvscope.engine.kv.allocator import NULL_BLOCK
+from kvscope.engine.kv.block_manager import BlockManager
+from kvscope.engine.kv.events import (
     EventLog,
     SequenceAdded,
     SequenceFinished,
@@ -18,8 +18,8 @@ from engine.kv.events import (
     event_from_json,
     event_to_json,
 )
-from engine.kv.layout import KVLayout
-from engine.kv.telemetry import PoolTelemetry
+from kvscope.engine.kv.layout import KVLayout
+from kvscope.engine.kv.telemetry import PoolTelemetry
 
 GEMMA3_270M = (512,) * 5 + (None,) + (512,) * 5 + (None,) + (512,) * 5 + (None,)
 

@@ -9,11 +9,11 @@ from kv_checks import assert_telemetry_matches
 from sliding_models import make_sliding_model
 from transformers import AutoModelForCausalLM
 
-from engine import LLM, SamplingParams
-from engine.config import EngineConfig
-from engine.kv.events import BlocksReleased, read_events
-from engine.kv.replay import replay_events
-from engine.llm_engine import LLMEngine
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.kv.events import BlocksReleased, read_events
+from kvscope.engine.kv.replay import replay_events
+from kvscope.engine.llm_engine import LLMEngine
 
 WINDOW, BLOCK = 32, 8
 PROMPT = list(range(5, 45))  # 40 tokens: past the window before generating

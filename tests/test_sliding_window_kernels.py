@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_cases import dense_attention, random_paged_kv
 
-import kernels
+from kvscope import kernels
 
 STALE = 10**6  # a block id far outside the pool: reading it would raise
 
@@ -109,7 +109,7 @@ def test_bad_window_is_rejected(window):
 # ---- Triton, in the interpreter (conftest sets TRITON_INTERPRET=1) --------------------------
 def _interpreted() -> bool:
     try:
-        from kernels.triton_common import INTERPRETED
+        from kvscope.kernels.triton_common import INTERPRETED
     except ImportError:  # no triton installed
         return False
     return INTERPRETED
@@ -126,7 +126,7 @@ triton_only = pytest.mark.skipif(
 def test_triton_decode_window_matches_dense(window, num_splits):
     """Tiles wholly before the window are skipped (stale table entries would fault the
     interpreter's loads), split-K partitions cover the window only."""
-    from kernels.triton_decode import paged_decode_attention_triton
+    from kvscope.kernels.triton_decode import paged_decode_attention_triton
 
     hq, hkv, d, bs = 4, 2, 32, 8
     lens = [1, 9, 70, 150]

@@ -4,11 +4,11 @@ blocks released as the window slid, the hover card names a block's KV group."""
 import pytest
 from sliding_models import make_sliding_model
 
-from app.desktop.blockmap.captions import paged_caption
-from app.desktop.blockmap.kv_groups import groups_text
-from app.desktop.blockmap.tooltip import block_owners, describe_block
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.kv.snapshot import BlockState
+from kvscope.app.desktop.blockmap.captions import paged_caption
+from kvscope.app.desktop.blockmap.kv_groups import groups_text
+from kvscope.app.desktop.blockmap.tooltip import block_owners, describe_block
+from kvscope.engine import EngineConfig, LLMEngine, SamplingParams
+from kvscope.engine.kv.snapshot import BlockState
 
 
 @pytest.fixture(scope="module")

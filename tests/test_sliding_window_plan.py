@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from engine import planner
-from engine.model.hf_loader import _sliding
-from engine.model.model_config import FULL, SLIDING, ModelConfig
+from kvscope.engine import planner
+from kvscope.engine.model.hf_loader import _sliding
+from kvscope.engine.model.model_config import FULL, SLIDING, ModelConfig
 
 
 def _config(**kw) -> ModelConfig:
@@ -86,8 +86,8 @@ def test_planner_counts_sliding_layers_at_their_window():
 
 
 def test_sliding_bench_flattens_with_windows_and_grows_without(tmp_path):
-    from app.bench.sliding_bench import plot_sliding, summarize_sliding
-    from engine.bench.sliding_window import run_sliding_bench
+    from kvscope.app.bench.sliding_bench import plot_sliding, summarize_sliding
+    from kvscope.engine.bench.sliding_window import run_sliding_bench
 
     report = run_sliding_bench(
         tmp_path / "out", tmp_path / "models", num_tokens=60, window=16, models=("mistral",)

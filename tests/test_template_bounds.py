@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from engine.model.chat_templates import CHATML_TEMPLATE, GEMMA_TEMPLATE
-from engine.model.template_render import (
+from kvscope.engine.model.chat_templates import CHATML_TEMPLATE, GEMMA_TEMPLATE
+from kvscope.engine.model.template_render import (
     Budget,
     TemplateBudgetError,
     TemplateRenderError,

@@ -15,13 +15,13 @@ from PySide6.QtWidgets import QWidget
 from test_remote_view import A, two_replicas  # noqa: F401 (a fixture)
 from test_replay_view import STEP, header
 
-from app.desktop import replay_view
-from app.desktop.blockmap import colors
-from app.desktop.blockmap.legend import key_snapshot
-from app.desktop.blockmap.tooltip import describe_block
-from app.desktop.palette import DARK, LIGHT, Palette
-from app.desktop.theme import theme_keeper
-from app.remote.routing import RouteHit
+from kvscope.app.desktop import replay_view
+from kvscope.app.desktop.blockmap import colors
+from kvscope.app.desktop.blockmap.legend import key_snapshot
+from kvscope.app.desktop.blockmap.tooltip import describe_block
+from kvscope.app.desktop.palette import DARK, LIGHT, Palette
+from kvscope.app.desktop.theme import theme_keeper
+from kvscope.app.remote.routing import RouteHit
 
 USED = {"kind": "blocks_allocated", "step": 1, "time": 1.0, "seq_id": 7, "blocks": [0, 1]}
 
@@ -82,7 +82,7 @@ def test_the_replay_window_follows_the_theme(qtbot, tmp_path, themes):
 
 
 def test_the_hover_card_follows_the_theme(qtbot, themes):
-    from app.desktop.blockmap.block_map import BlockMapView
+    from kvscope.app.desktop.blockmap.block_map import BlockMapView
 
     view = BlockMapView()
     qtbot.addWidget(view)

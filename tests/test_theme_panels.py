@@ -12,9 +12,9 @@ import pytest
 from PySide6.QtGui import QColor, QImage, QPalette
 from PySide6.QtWidgets import QApplication, QWidget
 
-from app.desktop.blockmap import colors, raster
-from app.desktop.blockmap.legend import key_snapshot
-from app.desktop.palette import DARK, LIGHT
+from kvscope.app.desktop.blockmap import colors, raster
+from kvscope.app.desktop.blockmap.legend import key_snapshot
+from kvscope.app.desktop.palette import DARK, LIGHT
 
 REPLY = "Some code:\n\n```python\nx = 1  # " + "long " * 60 + "\n```\n\nDone."
 
@@ -69,7 +69,7 @@ def _themed(window, palette, qtbot) -> None:
 @pytest.fixture()
 def restore_dark():
     yield
-    from app.desktop.theme import theme_keeper
+    from kvscope.app.desktop.theme import theme_keeper
 
     theme_keeper().apply("dark")  # later tests read the dark colours
 
@@ -107,7 +107,7 @@ def test_the_light_map_colours_read_on_a_light_ground(restore_dark):
             )
             assert colors.contrast(colors.css(int(ring)), hue) >= 1.5, (theme.name, hue)
     # Drawn: the key's free, cached and shared cells in the light theme's colours.
-    from app.desktop.theme import theme_keeper
+    from kvscope.app.desktop.theme import theme_keeper
 
     theme_keeper().apply("light")
     cell = 14

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.cpu_threads import (
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.cpu_threads import (
     MAX_DEFAULT_THREADS,
     apply_num_threads,
     default_num_threads,
@@ -62,7 +62,7 @@ def test_config_validates_num_threads():
 
 
 def test_engine_applies_the_knob_and_reports_it(default_model):
-    from engine import LLM
+    from kvscope.engine import LLM
 
     llm = LLM(
         model=default_model, device="cpu", dtype="float32", num_threads=1, kv_cache_memory=16 << 20
@@ -80,8 +80,8 @@ def test_engine_applies_the_knob_and_reports_it(default_model):
 
 
 def test_settings_carry_threads_to_the_engine(qtbot):
-    from app.core.settings import AppSettings, EngineSettings
-    from app.desktop.settings_dialog import SettingsDialog
+    from kvscope.app.core.settings import AppSettings, EngineSettings
+    from kvscope.app.desktop.settings_dialog import SettingsDialog
 
     assert EngineSettings(num_threads=3).llm_kwargs()["num_threads"] == 3
     assert EngineSettings().llm_kwargs()["num_threads"] is None
@@ -96,14 +96,14 @@ def test_settings_carry_threads_to_the_engine(qtbot):
 
 
 def test_thread_sweep_covers_one_the_default_and_the_cores():
-    from app.bench.threads_bench import thread_counts
+    from kvscope.app.bench.threads_bench import thread_counts
 
     assert thread_counts(default=1, cpus=2) == [1, 2]
     assert thread_counts(default=7, cpus=8) == [1, 2, 3, 4, 7]
 
 
 def test_peer_bench_says_when_the_peer_is_absent(tmp_path, monkeypatch):
-    from app.bench import peer_bench
+    from kvscope.app.bench import peer_bench
 
     monkeypatch.setattr(peer_bench, "llama_cpp_version", lambda: None)
     report = peer_bench.run_peer_bench(tmp_path, num_prompts=1, max_tokens=4, threads=1, rounds=1)
@@ -124,7 +124,7 @@ def test_peer_bench_says_when_the_peer_is_absent(tmp_path, monkeypatch):
     reason="llama-cpp-python is an optional benchmark dependency (README: the peer benchmark)",
 )
 def test_peer_bench_runs_llama_cpp_on_the_same_tokens(tmp_path):
-    from app.bench import peer_bench
+    from kvscope.app.bench import peer_bench
 
     report = peer_bench.run_peer_bench(tmp_path, num_prompts=1, max_tokens=6, threads=1, rounds=1)
     peer = report["peer"]

@@ -8,8 +8,8 @@ import pytest
 from tiny_models import bundled_tokenizer, make_tiny_gguf
 from transformers import AutoTokenizer
 
-from engine.model.loader import default_model_path, load_model
-from engine.model.tokenizer_cache import cache_key, cache_root, cached_tokenizer
+from kvscope.engine.model.loader import default_model_path, load_model
+from kvscope.engine.model.tokenizer_cache import cache_key, cache_root, cached_tokenizer
 
 TEXTS = [
     "Hello world",

@@ -98,7 +98,7 @@ def _caches(cache_dtype):
 def _store(dtype, cache):
     import torch
 
-    from kernels.triton_store import store_kv_triton
+    from kvscope.kernels.triton_store import store_kv_triton
 
     _, k, v = _qkv(8, _dtype(dtype))
     k_cache, v_cache, k_scale, v_scale = _caches(_dtype(cache))
@@ -109,7 +109,7 @@ def _store(dtype, cache):
 def _decode(dtype, cache, num_splits, window=None):
     import torch
 
-    from kernels.triton_decode import paged_decode_attention_triton
+    from kvscope.kernels.triton_decode import paged_decode_attention_triton
 
     batch = 4
     q, _, _ = _qkv(batch, _dtype(dtype))
@@ -123,7 +123,7 @@ def _decode(dtype, cache, num_splits, window=None):
 def _prefill(dtype, cache, window=None):
     import torch
 
-    from kernels.triton_prefill import paged_prefill_attention_triton
+    from kvscope.kernels.triton_prefill import paged_prefill_attention_triton
 
     q, _, _ = _qkv(96, _dtype(dtype))
     k_cache, v_cache, k_scale, v_scale = _caches(_dtype(cache))
@@ -137,8 +137,8 @@ def _prefill(dtype, cache, window=None):
 def _quant(dtype, layout, m):
     import torch
 
-    from kernels import triton_quant as tq
-    from kernels.quant_format import QuantizedTensor
+    from kvscope.kernels import triton_quant as tq
+    from kvscope.kernels.quant_format import QuantizedTensor
 
     bits, group, super_group, d_dtype, sub = QUANT_LAYOUTS[layout]
     n, k = INTERMEDIATE, HIDDEN
@@ -268,7 +268,6 @@ def _compile_items(items: list) -> list[dict]:
 
 def _worker_main(out_path: str, items_json: str) -> None:
     assert not os.environ.get("TRITON_INTERPRET"), "the worker compiles: no interpreter"
-    sys.path.insert(0, str(ROOT))
     items = [tuple(item) for item in json.loads(items_json)]
     Path(out_path).write_text(json.dumps(_compile_items(items)))
 
@@ -301,7 +300,6 @@ def compiled(request, tmp_path_factory):
     # leaving it out saves ~9% of the compile time. What is checked (every stage down to a
     # cubin, the shared memory each kernel needs, which helpers got inlined) is the same.
     env["TRITON_DISABLE_LINE_INFO"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     workers = max(1, min(os.cpu_count() or 1, 4, len(items)))
     procs = []
     for i in range(workers):
@@ -328,7 +326,7 @@ def compiled(request, tmp_path_factory):
 
 
 def test_fp8_capability_matches_the_engine():
-    from engine.config import FP8_MIN_CUDA_CAPABILITY
+    from kvscope.engine.config import FP8_MIN_CUDA_CAPABILITY
 
     major, minor = FP8_MIN_CUDA_CAPABILITY
     assert FP8_MIN_CC == 10 * major + minor
@@ -353,7 +351,7 @@ def _jit_functions() -> dict[str, str]:
 
     functions = {}
     for module_name in JIT_MODULES:
-        module = importlib.import_module(f"kernels.{module_name}")
+        module = importlib.import_module(f"kvscope.kernels.{module_name}")
         for name, obj in vars(module).items():
             if hasattr(obj, "fn") and obj.fn.__module__ == module.__name__:
                 functions[name] = module_name

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from hand_snapshots import Seq, make_snapshot
 
-from app.core.loadgen import (
+from kvscope.app.core.loadgen import (
     PROMPT_SLACK,
     TEMPLATE_TOKENS,
     LoadGenerator,
@@ -19,20 +20,19 @@ from app.core.loadgen import (
     fit_to_context,
     preemption_demo,
 )
-from app.core.pool_fit import naive_sequences, naive_warning
-from app.desktop.blockmap.glossary import TERMS
-from app.desktop.blockmap.traffic import TrafficCounter
-from tests.test_blockmap import Seq, make_snapshot
+from kvscope.app.core.pool_fit import naive_sequences, naive_warning
+from kvscope.app.desktop.blockmap.glossary import TERMS
+from kvscope.app.desktop.blockmap.traffic import TrafficCounter
 
 
 def make_llm(default_model, **knobs):
-    from engine import LLM
+    from kvscope.engine import LLM
 
     return LLM(model=default_model, device="cpu", dtype="float32", **knobs)
 
 
 def submit(llm, request_id: str, text: str, max_tokens: int = 4) -> None:
-    from engine import SamplingParams
+    from kvscope.engine import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     llm.engine.add_request(request_id, text, params)
@@ -51,8 +51,8 @@ def load_requests(llm, spec: LoadSpec, until_s: float = 5.0) -> LoadGenerator:
 
 
 def engine_info(llm):
-    from app.core.engine_messages import EngineInfo
-    from app.core.settings import EngineSettings
+    from kvscope.app.core.engine_messages import EngineInfo
+    from kvscope.app.core.settings import EngineSettings
 
     return EngineInfo.of(llm, EngineSettings(device="cpu", dtype="float32"))
 
@@ -62,8 +62,8 @@ def engine_info(llm):
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
 def test_the_default_pool_holds_several_full_contexts(kv_dtype):
-    from app.core.settings import AppSettings
-    from engine import planner
+    from kvscope.app.core.settings import AppSettings
+    from kvscope.engine import planner
 
     es = AppSettings().engine
     mc = planner.model_config(None)
@@ -77,10 +77,10 @@ def test_the_issue_s_pool_warns_everywhere(qtbot, default_model):
     """364 blocks at the model's own 8,192: one naive reservation takes the whole pool."""
     from dataclasses import replace
 
-    from app.core.settings import AppSettings, EngineSettings
-    from app.desktop.blockmap import BlockMapPanel
-    from app.desktop.settings_dialog import SettingsDialog
-    from app.desktop.status_bar import EngineStatusBar
+    from kvscope.app.core.settings import AppSettings, EngineSettings
+    from kvscope.app.desktop.blockmap import BlockMapPanel
+    from kvscope.app.desktop.settings_dialog import SettingsDialog
+    from kvscope.app.desktop.status_bar import EngineStatusBar
 
     warning = naive_warning(364, 16, 8192)
     assert "364 of 364 blocks" in warning and "1 sequence at a time" in warning
@@ -144,8 +144,8 @@ def test_tokens_per_second_never_reads_zero_between_slow_steps():
 
 
 def test_contiguous_engine_tiles_and_status_bar_agree(qtbot, default_model):
-    from app.desktop.blockmap import BlockMapPanel
-    from app.desktop.status_bar import EngineStatusBar
+    from kvscope.app.desktop.blockmap import BlockMapPanel
+    from kvscope.app.desktop.status_bar import EngineStatusBar
 
     llm = make_llm(default_model, num_kv_blocks=24, max_model_len=128, allocator="contiguous")
     for i in range(3):
@@ -169,7 +169,7 @@ def test_contiguous_engine_tiles_and_status_bar_agree(qtbot, default_model):
 
 
 def test_an_empty_pool_shows_no_share_and_no_holes(qtbot, default_model):
-    from app.desktop.blockmap import BlockMapPanel
+    from kvscope.app.desktop.blockmap import BlockMapPanel
 
     llm = make_llm(default_model, num_kv_blocks=20, max_model_len=64)
     panel = BlockMapPanel()
@@ -185,7 +185,7 @@ def test_an_empty_pool_shows_no_share_and_no_holes(qtbot, default_model):
 
 
 def test_the_memory_plot_starts_at_zero(qtbot):
-    from app.desktop.blockmap.time_plots import TimePlots
+    from kvscope.app.desktop.blockmap.time_plots import TimePlots
 
     plots = TimePlots()
     qtbot.addWidget(plots)
@@ -199,7 +199,7 @@ def test_the_memory_plot_starts_at_zero(qtbot):
 
 
 def test_load_progress_and_status_bar_tell_running_from_waiting(qtbot, default_model):
-    from app.desktop.status_bar import EngineStatusBar
+    from kvscope.app.desktop.status_bar import EngineStatusBar
 
     llm = make_llm(default_model, num_kv_blocks=64, max_model_len=256, max_num_seqs=3)
     spec = LoadSpec(
@@ -247,7 +247,7 @@ def test_default_load_unfitted_would_be_refused(default_model):
 
 
 def test_the_preemption_preset_preempts_on_a_small_pool(qtbot, default_model):
-    from app.desktop.loadgen_panel import LoadGeneratorPanel
+    from kvscope.app.desktop.loadgen_panel import LoadGeneratorPanel
 
     llm = make_llm(default_model, num_kv_blocks=8, max_model_len=128)
     panel = LoadGeneratorPanel()
@@ -271,8 +271,8 @@ def test_the_preemption_preset_preempts_on_a_small_pool(qtbot, default_model):
 
 
 def test_a_shared_system_prompt_block_names_its_chats(qtbot, default_model):
-    from app.desktop.blockmap import BlockMapPanel
-    from engine.kv.snapshot import BlockState
+    from kvscope.app.desktop.blockmap import BlockMapPanel
+    from kvscope.engine.kv.snapshot import BlockState
 
     llm = make_llm(default_model, num_kv_blocks=48, max_model_len=256)
     system = "You are a careful assistant who answers in one short sentence. " * 4
@@ -296,7 +296,7 @@ def test_a_shared_system_prompt_block_names_its_chats(qtbot, default_model):
 
 
 def test_each_term_has_a_tooltip(qtbot):
-    from app.desktop.blockmap import BlockMapPanel
+    from kvscope.app.desktop.blockmap import BlockMapPanel
 
     panel = BlockMapPanel()
     qtbot.addWidget(panel)
@@ -309,8 +309,9 @@ def test_each_term_has_a_tooltip(qtbot):
 
 
 def test_the_hover_card_is_a_window_of_its_own_inside_the_screen(qtbot):
-    from app.desktop.blockmap import BlockMapPanel
-    from tests.test_blockmap import small_pool
+    from hand_snapshots import small_pool
+
+    from kvscope.app.desktop.blockmap import BlockMapPanel
 
     panel = BlockMapPanel()
     qtbot.addWidget(panel)

@@ -23,10 +23,10 @@ import vllm_code
 from remote_fakes import wait_until
 from served import engine_event_hashes, free_endpoint, start_server
 
-from app.core.block_hashes import ALGOS, hasher_for
-from app.remote.kv_subscriber import KVEventSubscriber
-from app.remote.remote_cache import RemoteCache
-from app.remote.routing import predict_hits
+from kvscope.app.core.block_hashes import ALGOS, hasher_for
+from kvscope.app.remote.kv_subscriber import KVEventSubscriber
+from kvscope.app.remote.remote_cache import RemoteCache
+from kvscope.app.remote.routing import predict_hits
 
 BLOCK_SIZE = 16
 TOPIC = "kv-events"
@@ -158,7 +158,7 @@ def test_vllm_decodes_and_replays_every_batch_our_server_publishes(vllm, served)
 def test_vllm_rejects_the_array_layout_we_keep_behind_a_flag(vllm):
     import msgspec
 
-    from app.serve.kv_events import event_structs
+    from kvscope.app.serve.kv_events import event_structs
 
     decoder = msgspec.msgpack.Decoder(type=vllm[0].KVEventBatch)
     for encoding, decodes in (("map", True), ("array", False)):
@@ -176,7 +176,7 @@ def test_vllm_rejects_the_array_layout_we_keep_behind_a_flag(vllm):
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_our_hashes_are_vllms_for_every_algorithm(vllm, algo, monkeypatch):
-    from app.serve.kv_events import vllm_hasher
+    from kvscope.app.serve.kv_events import vllm_hasher
 
     tokens = list(range(1000, 1000 + 5 * BLOCK_SIZE + 3))
     for seed in ("0", "kvscope", None):

@@ -27,7 +27,7 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from served import start_server
 
-from app.remote.metrics_scrape import parse_metrics
+from kvscope.app.remote.metrics_scrape import parse_metrics
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 12  # small, so that two long prompts at once preempt (the last test)

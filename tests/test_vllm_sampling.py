@@ -12,9 +12,9 @@ import vllm_code
 from served import start_server
 from vllm_requests import PATHS, post, sampling_reads, verdict, vllm_fields
 
-from app.serve.protocol import REFUSED_CHAT, REFUSED_COMPLETION, ChatCompletionRequest
-from app.serve.protocol import CompletionRequest as OurCompletionRequest
-from engine.sampling_params import SamplingParams
+from kvscope.app.serve.protocol import REFUSED_CHAT, REFUSED_COMPLETION, ChatCompletionRequest
+from kvscope.app.serve.protocol import CompletionRequest as OurCompletionRequest
+from kvscope.engine.sampling_params import SamplingParams
 
 MAX_MODEL_LEN = 128
 REFUSED = {"chat": REFUSED_CHAT, "completion": REFUSED_COMPLETION}

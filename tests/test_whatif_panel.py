@@ -16,17 +16,17 @@ import pytest
 from PySide6.QtWidgets import QTabBar
 from sliding_models import make_sliding_model
 
-from app.core.settings import AppSettings, EngineSettings
-from app.desktop.palette import DARK, LIGHT
-from app.desktop.theme import theme_keeper
-from app.desktop.whatif import WhatIfPanel, jobs, knobs
-from app.desktop.whatif import runner as runner_module
-from app.desktop.whatif.apply import plan_apply
-from app.desktop.whatif.panel import EMPTY_TEXT
-from app.desktop.whatif.runner import SimRunner, Superseded
-from app.desktop.whatif.timeline import POSITIONS
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.whatif import PoolSeeker, WhatIf, recorded_config, resolve, simulate
+from kvscope.app.core.settings import AppSettings, EngineSettings
+from kvscope.app.desktop.palette import DARK, LIGHT
+from kvscope.app.desktop.theme import theme_keeper
+from kvscope.app.desktop.whatif import WhatIfPanel, jobs, knobs
+from kvscope.app.desktop.whatif import runner as runner_module
+from kvscope.app.desktop.whatif.apply import plan_apply
+from kvscope.app.desktop.whatif.panel import EMPTY_TEXT
+from kvscope.app.desktop.whatif.runner import SimRunner, Superseded
+from kvscope.app.desktop.whatif.timeline import POSITIONS
+from kvscope.engine import EngineConfig, LLMEngine, SamplingParams
+from kvscope.engine.whatif import PoolSeeker, WhatIf, recorded_config, resolve, simulate
 
 POOL = 2 * 48 * 2 * 16 * 2 * 16 * 4  # 96 blocks of 16 tokens for one layer (a KV group)
 TIMEOUT_MS = 30_000

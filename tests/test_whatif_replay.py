@@ -17,11 +17,11 @@ import weakref
 import pytest
 from sliding_models import make_sliding_model
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.kv.replay import replay_events
-from engine.trace import Trace, read_trace
-from engine.whatif import PoolSeeker, WhatIf, recorded_summary, simulate
-from engine.whatif.sim_engine import SimEngine
+from kvscope.engine import EngineConfig, LLMEngine, SamplingParams
+from kvscope.engine.kv.replay import replay_events
+from kvscope.engine.trace import Trace, read_trace
+from kvscope.engine.whatif import PoolSeeker, WhatIf, recorded_summary, simulate
+from kvscope.engine.whatif.sim_engine import SimEngine
 
 WINDOW = 24
 # 48 blocks of 16 tokens for one layer (each KV group holds one of the two layers): the pool is
@@ -186,7 +186,7 @@ def test_settings_that_refuse_what_the_recording_ran_go_on_by_time(model):
 
 @pytest.mark.parametrize("every", [200, 5], ids=["no-checkpoint", "checkpoints"])
 def test_the_seeker_matches_the_run_at_every_step_either_way(recorded, monkeypatch, every):
-    monkeypatch.setattr("engine.whatif.pool_at.CHECKPOINT_STEPS", every)
+    monkeypatch.setattr("kvscope.engine.whatif.pool_at.CHECKPOINT_STEPS", every)
     result = simulate(recorded, WhatIf(kv_pool=POOL // 2), keep_events=True)
     seeker = PoolSeeker(result.config, result.events)
     order = list(range(1, len(result.steps) + 1))

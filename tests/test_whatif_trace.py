@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from sliding_models import make_sliding_model
 
-from app.cli.main import main
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.trace import StepShape, TracedStep, TraceLog, read_trace
-from engine.whatif import CostModel, WhatIf, cost_caveat, resolve, simulate
+from kvscope.app.cli.main import main
+from kvscope.engine import EngineConfig, LLMEngine, SamplingParams
+from kvscope.engine.trace import StepShape, TracedStep, TraceLog, read_trace
+from kvscope.engine.whatif import CostModel, WhatIf, cost_caveat, resolve, simulate
 
 
 @pytest.fixture(scope="module")

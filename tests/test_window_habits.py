@@ -8,13 +8,13 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication, QKeySequence
 from PySide6.QtWidgets import QApplication, QMessageBox
 
-import app.desktop.theme as theme_module
-import app.desktop.window as window_module
-from app.core.paths import ASSETS_DIR
-from app.core.settings import AppSettings
-from app.desktop.chat import conversation_list
-from app.desktop.settings_dialog import SettingsDialog
-from app.desktop.theme import resolve_theme
+import kvscope.app.desktop.theme as theme_module
+import kvscope.app.desktop.window as window_module
+from kvscope.app.core.paths import ASSETS_DIR
+from kvscope.app.core.settings import AppSettings
+from kvscope.app.desktop.chat import conversation_list
+from kvscope.app.desktop.settings_dialog import SettingsDialog
+from kvscope.app.desktop.theme import resolve_theme
 
 YES, NO = QMessageBox.StandardButton.Yes, QMessageBox.StandardButton.No
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QPoint, QRect
 
-from app.desktop.map_column import PLOT_MIN_HEIGHT
+from kvscope.app.desktop.map_column import PLOT_MIN_HEIGHT
 
 SMALL = (1024, 700)  # a 1024x768 screen less a panel and the title bar
 DEFAULT = (1400, 860)
@@ -83,7 +83,7 @@ def test_the_load_panel_learns_the_engine_it_drives(make_window):
 
 
 def test_the_chat_chips_and_the_state_key_never_overlap(make_window, qtbot):
-    from tests.test_blockmap import small_pool
+    from hand_snapshots import small_pool
 
     window = make_window()
     window.set_map_paused(True)  # the live pool would replace the chips fed here
@@ -131,7 +131,7 @@ def test_the_load_panel_is_two_short_columns_when_wide_and_one_when_narrow(make_
 
 
 def test_the_first_size_fits_the_screen_it_opens_on():
-    from app.desktop.window_geometry import initial_size
+    from kvscope.app.desktop.window_geometry import initial_size
 
     assert initial_size(QRect(0, 0, 1920, 1050)) == DEFAULT
     # A 1024x768 screen less a panel: the window opens inside it, not 1400 wide and cut off.
@@ -139,7 +139,7 @@ def test_the_first_size_fits_the_screen_it_opens_on():
 
 
 def test_a_narrow_window_gives_the_chat_column_room_to_read():
-    from app.desktop.window_geometry import first_sizes
+    from kvscope.app.desktop.window_geometry import first_sizes
 
     # At 1024 px the list gives up its spare width; the map keeps its minimum.
     assert first_sizes(1024, 131, 524) == [131, 369, 524]

@@ -13,8 +13,8 @@ import transformers
 from transformers import AutoTokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from engine.bench.synthetic_gguf import Shape, add_shape_metadata
-from engine.model.loader import default_model_path
+from kvscope.engine.bench.synthetic_gguf import Shape, add_shape_metadata
+from kvscope.engine.model.loader import default_model_path
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 CONFIG_CLASSES = {

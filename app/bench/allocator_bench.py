@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from engine import LLM, SamplingParams
-from engine.bench.snapshot_cost import measure_snapshot_cost
-from engine.model.loader import LoadedModel
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.bench.snapshot_cost import measure_snapshot_cost
+from kvscope.engine.model.loader import LoadedModel
 
 CONCURRENCY_TARGET = 2.5  # paged peak concurrent sequences over contiguous
 PAGED_SHARE_TARGET = 0.92  # paged useful-slot share at block size 16

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine import LLM, SamplingParams
+from kvscope.engine import LLM, SamplingParams
 
 
 @dataclass

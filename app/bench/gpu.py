@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from app.bench.gpu_device import half_dtype, peak_bandwidth
-from app.bench.gpu_engine import engine_grid
-from app.bench.gpu_kernels import kernel_checks, kernel_grid
-from app.bench.gpu_settings import GpuBenchSettings
-from engine.model.loader import LoadedModel, load_model
+from kvscope.app.bench.gpu_device import half_dtype, peak_bandwidth
+from kvscope.app.bench.gpu_engine import engine_grid
+from kvscope.app.bench.gpu_kernels import kernel_checks, kernel_grid
+from kvscope.app.bench.gpu_settings import GpuBenchSettings
+from kvscope.engine.model.loader import LoadedModel, load_model
 
 
 def gpu_unavailable_reason() -> str | None:

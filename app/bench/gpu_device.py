@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.config import FP8_MIN_CUDA_CAPABILITY
+from kvscope.engine.config import FP8_MIN_CUDA_CAPABILITY
 
 # Datasheet memory bandwidth, GB/s; the first name fragment found in the device name wins.
 PEAK_BANDWIDTH_GB_S = (

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from app.bench.gpu_device import has_fp8, release, synchronize
-from engine import LLM, SamplingParams
-from engine.bench.contiguous_sdpa import ContiguousSdpaBaseline
-from engine.model.loader import LoadedModel
+from kvscope.app.bench.gpu_device import has_fp8, release, synchronize
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.bench.contiguous_sdpa import ContiguousSdpaBaseline
+from kvscope.engine.model.loader import LoadedModel
 
 if TYPE_CHECKING:
-    from app.bench.gpu_settings import GpuBenchSettings
+    from kvscope.app.bench.gpu_settings import GpuBenchSettings
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:

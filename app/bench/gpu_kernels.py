@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-import kernels
-from app.bench.gpu_device import Timer, call_timer, half_dtype, has_fp8, release
-from engine.bench.contiguous_sdpa import sdpa_decode
-from engine.bench.decode_split import decode_with_splits, heuristic_num_splits
+from kvscope import kernels
+from kvscope.app.bench.gpu_device import Timer, call_timer, half_dtype, has_fp8, release
+from kvscope.engine.bench.contiguous_sdpa import sdpa_decode
+from kvscope.engine.bench.decode_split import decode_with_splits, heuristic_num_splits
 
 if TYPE_CHECKING:
-    from app.bench.gpu_settings import GpuBenchSettings
+    from kvscope.app.bench.gpu_settings import GpuBenchSettings
 
 CHECK_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 

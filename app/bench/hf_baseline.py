@@ -16,8 +16,8 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from app.bench.engine_bench import DecodeTiming
-from engine.model.loader import default_model_path
+from kvscope.app.bench.engine_bench import DecodeTiming
+from kvscope.engine.model.loader import default_model_path
 
 
 @dataclass

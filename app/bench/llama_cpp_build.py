@@ -20,7 +20,7 @@ import sysconfig
 import tarfile
 from pathlib import Path
 
-from app.bench.cpu_model import cpu_flags
+from kvscope.app.bench.cpu_model import cpu_flags
 
 VERSION = "0.3.36"
 # CPU flag in /proc/cpuinfo -> the ggml option that uses it.
@@ -102,7 +102,7 @@ def install_python_package(sources: Path, libs: Path, into: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.bench.llama_cpp_build")
+    parser = argparse.ArgumentParser(prog="python -m kvscope.app.bench.llama_cpp_build")
     parser.add_argument("--root", default=".cache", help="where the sources and the build go")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args(argv)

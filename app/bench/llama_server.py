@@ -19,10 +19,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.bench.llama_cpp_build import server_binary
+from kvscope.app.bench.llama_cpp_build import server_binary
 
 REPO_CACHE = Path(__file__).resolve().parents[2] / ".cache"  # where `make peer` builds it
-BUILD_HINT = "`make peer` (or `python -m app.bench.llama_cpp_build --root .cache`)"
+BUILD_HINT = "`make peer` (or `python -m kvscope.app.bench.llama_cpp_build --root .cache`)"
 SLOTS = 8
 CTX_MARGIN = 64  # tokens a slot keeps beyond prompt + reply: llama.cpp's template may differ
 CTX_ROUND = 256

@@ -1,6 +1,6 @@
 """One model load + decode in a fresh process, for `kvscope bench --models`.
 
-Run as `python -m app.bench.model_probe MODEL QUANTIZATION KV_BYTES`; prints one JSON line.
+Run as `python -m kvscope.app.bench.model_probe MODEL QUANTIZATION KV_BYTES`; prints one JSON line.
 A process of its own so that its peak RSS (getrusage) is this load's peak and nothing else's.
 """
 
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     model, quantization, kv_bytes = argv[0], argv[1], int(argv[2])
     import torch
 
-    from engine import LLM, SamplingParams
+    from kvscope.engine import LLM, SamplingParams
 
     rss_before = rss_bytes()
     start = time.perf_counter()

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from engine.bench.load_plan import planned_cpu_load
-from engine.bench.synthetic_gguf import SHAPES, ensure_synthetic_gguf
-from engine.model.loader import load_model
+from kvscope.engine.bench.load_plan import planned_cpu_load
+from kvscope.engine.bench.synthetic_gguf import SHAPES, ensure_synthetic_gguf
+from kvscope.engine.child_python import python_module_command
+from kvscope.engine.model.loader import load_model
 
 KV_BYTES = 256 << 20
 TARGET_FACTOR, TARGET_SLACK = 1.3, 600 * 10**6
@@ -28,7 +28,9 @@ GIB = 2**30
 
 
 def probe(path: Path, quantization: str, timeout_s: float) -> dict:
-    cmd = [sys.executable, "-m", "app.bench.model_probe", str(path), quantization, str(KV_BYTES)]
+    cmd = python_module_command(
+        "kvscope.app.bench.model_probe", str(path), quantization, str(KV_BYTES)
+    )
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}

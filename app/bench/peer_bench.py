@@ -17,16 +17,16 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from app.bench.machine import ContentionMeter, machine_info
-from app.bench.workload import load_chat_workload
-from engine import LLM, SamplingParams
-from engine.cpu_threads import default_num_threads
-from engine.model.loader import default_model_path
+from kvscope.app.bench.machine import ContentionMeter, machine_info
+from kvscope.app.bench.workload import load_chat_workload
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.cpu_threads import default_num_threads
+from kvscope.engine.model.loader import default_model_path
 
 PEERS = ("llama.cpp",)
 # app/bench/llama_cpp_build.py: llama-server and llama-cpp-python's libraries, built with cmake
 # for the instruction set this CPU lists.
-PEER_BUILD_HINT = "make peer   (or: python -m app.bench.llama_cpp_build --root .cache)"
+PEER_BUILD_HINT = "make peer   (or: python -m kvscope.app.bench.llama_cpp_build --root .cache)"
 
 
 @dataclass

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from app.bench.machine import ContentionMeter, machine_info
-from app.bench.peer_bench import (
+from kvscope.app.bench.machine import ContentionMeter, machine_info
+from kvscope.app.bench.peer_bench import (
     PEER_BUILD_HINT,
     KVScopeRunner,
     LlamaCppRunner,
@@ -32,7 +31,7 @@ from app.bench.peer_bench import (
     greedy_agreement,
     llama_cpp_version,
 )
-from app.bench.peer_models_setup import (
+from kvscope.app.bench.peer_models_setup import (
     ModelChoice,
     choose_models,
     cpu_description,
@@ -42,10 +41,11 @@ from app.bench.peer_models_setup import (
     parse_model_names,
     thread_counts,
 )
-from app.bench.peer_models_table import finish_row, markdown_table, plot_peer_models
-from app.bench.workload import load_chat_workload
-from engine import LLM
-from engine.cpu_kernels import prepare_cpu_kernels
+from kvscope.app.bench.peer_models_table import finish_row, markdown_table, plot_peer_models
+from kvscope.app.bench.workload import load_chat_workload
+from kvscope.engine import LLM
+from kvscope.engine.child_python import SAFE_PATH_FLAGS
+from kvscope.engine.cpu_kernels import prepare_cpu_kernels
 
 PEER = "llama.cpp"
 OURS = "kvscope"
@@ -70,22 +70,20 @@ class OurRunner(KVScopeRunner):
 # One load and two tokens in a child process: a llama.cpp build with instructions this CPU (or its
 # hypervisor) refuses dies of SIGILL, which would take the whole bench (or pytest) with it.
 _PROBE = (
-    "import sys; from pathlib import Path; from app.bench.peer_bench import LlamaCppRunner; "
+    "import sys; from pathlib import Path; "
+    "from kvscope.app.bench.peer_bench import LlamaCppRunner; "
     "LlamaCppRunner(Path(sys.argv[1]), 1, 64).run([1, 2, 3, 4], 2)"
 )
 
 
 def peer_failure(gguf: Path, timeout_s: float = 600) -> str | None:
     """None when llama.cpp runs two tokens of `gguf` in a child process, else why it did not."""
-    root = str(Path(__file__).resolve().parents[2])  # where `app` imports from
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _PROBE, str(gguf)],
+            [sys.executable, *SAFE_PATH_FLAGS, "-c", _PROBE, str(gguf)],
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            env=env,
         )
     except subprocess.TimeoutExpired:
         return f"llama.cpp took over {timeout_s:.0f} s for 2 tokens of {gguf.name}"
@@ -288,7 +286,7 @@ def _progress(row: dict) -> str:
 def run_peer_models_cli(args) -> int:
     """`kvscope bench --peer llama.cpp --models [--models-only A,B] [--num-threads N]
     [--rounds R] [--decode-steps D] [--prompt-tokens P]`: run, print the markdown table."""
-    from app.core.paths import cache_dir
+    from kvscope.app.core.paths import cache_dir
 
     threads = [args.num_threads] if args.num_threads is not None else thread_counts()
     try:  # the flags, before anything is loaded or written

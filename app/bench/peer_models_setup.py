@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from app.bench.cpu_model import CPUINFO, cpu_flags, cpu_model_name
-from app.bench.roofline import measure_read_bandwidth
-from engine.bench.synthetic_gguf import SHAPES, ensure_synthetic_gguf
-from engine.cpu_threads import physical_cores
-from engine.model.loader import default_model_path
+from kvscope.app.bench.cpu_model import CPUINFO, cpu_flags, cpu_model_name
+from kvscope.app.bench.roofline import measure_read_bandwidth
+from kvscope.engine.bench.synthetic_gguf import SHAPES, ensure_synthetic_gguf
+from kvscope.engine.cpu_threads import physical_cores
+from kvscope.engine.model.loader import default_model_path
 
 BUNDLED, GEMMA = "bundled", "gemma3-270m"
 # The table's rows, in order: the bundled model, then the synthetic shapes, then Gemma 3 270M.

@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from app.bench.serve_bench import agent_messages
+from kvscope.app.bench.serve_bench import agent_messages
 
 POLITE_TIMEOUT_S = 120.0  # a well-behaved request slower than this is lost, not waited for
 KINDS = ("chat-stream", "chat-whole", "completion-stream", "completion-whole")

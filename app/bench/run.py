@@ -10,16 +10,21 @@ from pathlib import Path
 
 import transformers
 
-from app.bench.allocator_bench import compare_allocators
-from app.bench.engine_bench import DecodeTiming, measure_engine_decode, run_engine_workload
-from app.bench.hf_baseline import HFRunResult, load_hf_model, measure_hf_decode, run_hf_batched
-from app.bench.machine import ContentionMeter, machine_info
-from app.bench.plot import plot_bench
-from app.bench.roofline import decode_roofline, measure_read_bandwidth
-from app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
-from app.bench.workload import load_chat_workload
-from engine import LLM, SamplingParams
-from engine.model.loader import LoadedModel, load_model
+from kvscope.app.bench.allocator_bench import compare_allocators
+from kvscope.app.bench.engine_bench import DecodeTiming, measure_engine_decode, run_engine_workload
+from kvscope.app.bench.hf_baseline import (
+    HFRunResult,
+    load_hf_model,
+    measure_hf_decode,
+    run_hf_batched,
+)
+from kvscope.app.bench.machine import ContentionMeter, machine_info
+from kvscope.app.bench.plot import plot_bench
+from kvscope.app.bench.roofline import decode_roofline, measure_read_bandwidth
+from kvscope.app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
+from kvscope.app.bench.workload import load_chat_workload
+from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.model.loader import LoadedModel, load_model
 
 THROUGHPUT_TARGET = 2.0  # our useful tokens/s over HF's static batch, both float32
 # The engine as a user runs it (dtype and quantization "auto": the GGUF's weights kept quantized,
@@ -55,29 +60,29 @@ class BenchSettings:
 def run_bench(args: argparse.Namespace) -> int:
     """CLI entry: settings from `kvscope bench` flags; prints a summary."""
     if getattr(args, "gpu", False):
-        from app.bench.gpu import run_gpu_bench
+        from kvscope.app.bench.gpu import run_gpu_bench
 
         return run_gpu_bench(args)
     if getattr(args, "threads", False):
-        from app.bench.threads_bench import run_threads_bench, summarize_threads
+        from kvscope.app.bench.threads_bench import run_threads_bench, summarize_threads
 
         print(summarize_threads(run_threads_bench(Path(args.out))))
         print(f"  wrote {Path(args.out) / 'bench_threads.json'} and bench_threads.png")
         return 0
     if getattr(args, "peer", None) and getattr(args, "models", False):
-        from app.bench.peer_models import run_peer_models_cli
+        from kvscope.app.bench.peer_models import run_peer_models_cli
 
         return run_peer_models_cli(args)
     if getattr(args, "peer", None):
-        from app.bench.peer_bench import run_peer_bench, summarize_peer
+        from kvscope.app.bench.peer_bench import run_peer_bench, summarize_peer
 
         report = run_peer_bench(Path(args.out), args.peer, threads=args.num_threads)
         print(summarize_peer(report))
         print(f"  wrote {Path(args.out) / 'bench_peer.json'} and bench_peer.png")
         return 0
     if getattr(args, "sliding", False):
-        from app.bench.sliding_bench import run_and_plot, summarize_sliding
-        from app.core.paths import cache_dir
+        from kvscope.app.bench.sliding_bench import run_and_plot, summarize_sliding
+        from kvscope.app.core.paths import cache_dir
 
         out = Path(args.out)
         report = run_and_plot(out, cache_dir() / "bench-sliding", args.sliding_tokens)
@@ -85,27 +90,27 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"  wrote {out / 'bench_sliding.json'} and bench_sliding.png")
         return 0
     if getattr(args, "whatif", False):
-        from app.bench.whatif_bench import run_whatif_bench, summarize_whatif
+        from kvscope.app.bench.whatif_bench import run_whatif_bench, summarize_whatif
 
         report = run_whatif_bench(Path(args.out))
         print(summarize_whatif(report))
         print(f"  wrote {Path(args.out) / 'bench_whatif.json'} and bench_whatif.png")
         return 0
     if getattr(args, "soak", None) is not None:
-        from app.bench.soak import run_soak_bench
+        from kvscope.app.bench.soak import run_soak_bench
 
         return run_soak_bench(args)
     if getattr(args, "serve", False) and getattr(args, "peer_server", None):
-        from app.bench.serve_peer import run_serve_peer
+        from kvscope.app.bench.serve_peer import run_serve_peer
 
         return run_serve_peer(args)
     if getattr(args, "serve", False):
-        from app.bench.serve_bench import run_serve_bench
+        from kvscope.app.bench.serve_bench import run_serve_bench
 
         return run_serve_bench(args)
     if getattr(args, "models", False):
-        from app.bench.models_bench import run_models_bench
-        from app.core.paths import cache_dir
+        from kvscope.app.bench.models_bench import run_models_bench
+        from kvscope.app.core.paths import cache_dir
 
         run_models_bench(Path(args.out), cache_dir() / "bench-models")
         print(f"  wrote {Path(args.out) / 'bench_models.json'} and bench_models.png")

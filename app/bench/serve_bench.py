@@ -24,7 +24,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -34,11 +33,14 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from app.bench.cpu_model import cpu_model_name
-from app.bench.machine import machine_info
-from app.bench.serve_metrics import delta, other_counters, scrape, scrape_or_note
-from app.bench.serve_stream import CUT, OpenConnections, RequestResult, stream_one
-from app.bench.serve_stream import agent_messages as agent_messages  # polite_clients' import
+from kvscope.app.bench.cpu_model import cpu_model_name
+from kvscope.app.bench.machine import machine_info
+from kvscope.app.bench.serve_metrics import delta, other_counters, scrape, scrape_or_note
+from kvscope.app.bench.serve_stream import CUT, OpenConnections, RequestResult, stream_one
+from kvscope.app.bench.serve_stream import (
+    agent_messages as agent_messages,  # polite_clients' import
+)
+from kvscope.engine.child_python import python_module_command
 
 SERVER_START_TIMEOUT_S = 300.0  # loading the model on a busy machine
 
@@ -205,9 +207,11 @@ _free_port = free_port  # the soak bench's name for it
 
 def server_command(args: argparse.Namespace, port: int, clients: int) -> list[str]:
     """`kvscope serve` with the bench's engine flags, every client fitting in one batch."""
-    from app.core.engine_flags import engine_knobs
+    from kvscope.app.core.engine_flags import engine_knobs
 
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = python_module_command(
+        "kvscope.app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)
+    )
     for f in engine_knobs():
         value = getattr(args, f.name)
         if f.name == "max_num_seqs":  # the scheduler batches at most this many

@@ -31,8 +31,8 @@ import signal
 import time
 from pathlib import Path
 
-from app.bench.cpu_model import cpu_model_name
-from app.bench.llama_server import (
+from kvscope.app.bench.cpu_model import cpu_model_name
+from kvscope.app.bench.llama_server import (
     LlamaServerMissing,
     LlamaServerSpec,
     find_llama_server,
@@ -41,8 +41,8 @@ from app.bench.llama_server import (
     slot_context,
     start_logged,
 )
-from app.bench.machine import ContentionMeter, machine_info
-from app.bench.serve_bench import (
+from kvscope.app.bench.machine import ContentionMeter, machine_info
+from kvscope.app.bench.serve_bench import (
     SERVER_START_TIMEOUT_S,
     ServeBenchSettings,
     free_port,
@@ -51,9 +51,9 @@ from app.bench.serve_bench import (
     stop_server,
     wait_until_up,
 )
-from app.bench.serve_peer_report import markdown_table, plot_serve_peer
-from app.bench.serve_stream import agent_messages
-from app.core.paths import ASSETS_DIR
+from kvscope.app.bench.serve_peer_report import markdown_table, plot_serve_peer
+from kvscope.app.bench.serve_stream import agent_messages
+from kvscope.app.core.paths import ASSETS_DIR
 
 OURS, PEER = "kvscope", "llama.cpp"
 DEFAULT_CLIENTS = (1, 8, 32)
@@ -148,8 +148,8 @@ class ServerTurns:
 def run_serve_peer(args: argparse.Namespace) -> int:
     """CLI entry (`kvscope bench --serve --peer-server llama.cpp`): 2 when llama-server is
     missing (the message says how to build it)."""
-    from engine.cpu_threads import default_num_threads
-    from engine.model.loader import default_model_path
+    from kvscope.engine.cpu_threads import default_num_threads
+    from kvscope.engine.model.loader import default_model_path
 
     try:
         binary = find_llama_server(getattr(args, "llama_server", None))

@@ -1,6 +1,6 @@
 """The serve-vs-llama-server report as people read it: a markdown table (printed, for the README)
 and a PNG, both from bench_serve_peer.json alone so they can be redrawn from a saved run
-(`python -m app.bench.serve_peer_report bench_out/bench_serve_peer.json`)."""
+(`python -m kvscope.app.bench.serve_peer_report bench_out/bench_serve_peer.json`)."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def plot_serve_peer(report: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m app.bench.serve_peer_report bench_serve_peer.json")
+        print("usage: python -m kvscope.app.bench.serve_peer_report bench_serve_peer.json")
         return 2
     report = json.loads(Path(args[0]).read_text())
     print(markdown_table(report))

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from app.core.paths import ASSETS_DIR
+from kvscope.app.core.paths import ASSETS_DIR
 
 REQUEST_TIMEOUT_S = 300.0
 CUT = "cut at the time bound"

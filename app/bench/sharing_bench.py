@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from app.core.paths import ASSETS_DIR
-from engine import LLM, BeamSearchParams, SamplingParams
-from engine.model.loader import LoadedModel
+from kvscope.app.core.paths import ASSETS_DIR
+from kvscope.engine import LLM, BeamSearchParams, SamplingParams
+from kvscope.engine.model.loader import LoadedModel
 
 POOL_BLOCKS = 1024
 FORK_WIDTH = 4

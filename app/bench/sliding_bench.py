@@ -10,7 +10,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from engine.bench.sliding_window import run_sliding_bench
+from kvscope.engine.bench.sliding_window import run_sliding_bench
 
 MIB = 2**20
 _COLORS = {"mistral": "#2a7ab9", "gemma3": "#3a9a5b"}

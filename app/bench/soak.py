@@ -22,18 +22,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.bench.hostile_clients import HostileResult, SlowSockets, hostile_actions
-from app.bench.hostile_peer import HostilePeer
-from app.bench.machine import machine_info
-from app.bench.polite_clients import KINDS, POLITE_TIMEOUT_S, PoliteResult, polite_request
-from app.bench.serve_bench import (
+from kvscope.app.bench.hostile_clients import HostileResult, SlowSockets, hostile_actions
+from kvscope.app.bench.hostile_peer import HostilePeer
+from kvscope.app.bench.machine import machine_info
+from kvscope.app.bench.polite_clients import KINDS, POLITE_TIMEOUT_S, PoliteResult, polite_request
+from kvscope.app.bench.serve_bench import (
     SERVER_START_TIMEOUT_S,
     _free_port,
     _scrape,
     _stop_server,
     _wait_until_up,
 )
-from app.bench.soak_report import (
+from kvscope.app.bench.soak_report import (
     broken_invariants,
     by_action,
     counts,
@@ -44,7 +44,7 @@ from app.bench.soak_report import (
     sample_line,
     summarize,
 )
-from app.bench.soak_watch import PeerWatch, open_fds, rss_mb
+from kvscope.app.bench.soak_watch import PeerWatch, open_fds, rss_mb
 
 IDLE_TIMEOUT_S = 60.0  # after the load: the server must be idle by then
 HOSTILE_PAUSE_S = 0.2
@@ -266,8 +266,8 @@ class Soak:
 
 def run_soak_bench(args: argparse.Namespace) -> int:
     """`kvscope bench --soak MINUTES [--json PATH]`."""
-    from app.bench.serve_bench import server_command
-    from app.bench.soak_plot import plot_soak
+    from kvscope.app.bench.serve_bench import server_command
+    from kvscope.app.bench.soak_plot import plot_soak
 
     settings = SoakSettings(
         minutes=args.soak,

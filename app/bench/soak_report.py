@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from app.bench.hostile_clients import HostileResult
-from app.bench.polite_clients import PoliteResult
+from kvscope.app.bench.hostile_clients import HostileResult
+from kvscope.app.bench.polite_clients import PoliteResult
 
 
 def pct(values, q) -> float | None:

@@ -9,9 +9,9 @@ import threading
 import time
 from pathlib import Path
 
-from app.bench.hostile_peer import HostilePeer
-from app.remote.connection import Connection
-from app.remote.monitor import ReplicaMonitor
+from kvscope.app.bench.hostile_peer import HostilePeer
+from kvscope.app.remote.connection import Connection
+from kvscope.app.remote.monitor import ReplicaMonitor
 
 SNAPSHOT_EVERY_S = 0.25  # the remote view's timer
 

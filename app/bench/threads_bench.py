@@ -18,10 +18,10 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from app.bench.engine_bench import measure_engine_decode
-from app.bench.machine import machine_info
-from engine import LLM
-from engine.cpu_threads import apply_num_threads, default_num_threads, usable_cpus
+from kvscope.app.bench.engine_bench import measure_engine_decode
+from kvscope.app.bench.machine import machine_info
+from kvscope.engine import LLM
+from kvscope.engine.cpu_threads import apply_num_threads, default_num_threads, usable_cpus
 
 HOG = "while True: pass"
 
@@ -61,7 +61,7 @@ def thread_counts(default: int, cpus: int) -> list[int]:
 
 
 def run_threads_bench(out: Path, steps: int = 32, rounds: int = 3) -> dict:
-    from app.bench.workload import load_chat_workload
+    from kvscope.app.bench.workload import load_chat_workload
 
     default = default_num_threads()
     counts = thread_counts(default, len(usable_cpus()))

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from app.bench.cpu_model import cpu_model_name
-from app.bench.workload import load_chat_workload
+from kvscope.app.bench.cpu_model import cpu_model_name
+from kvscope.app.bench.workload import load_chat_workload
 
 # 64 blocks of the bundled model's bfloat16 KV (368,640 bytes per block of 16): enough for the
 # workload's concurrency without preemption; half of it preempts.
@@ -59,7 +59,7 @@ def schedule(num_requests: int, mean_gap_s: float, max_tokens: int, seed: int = 
 
 def drive(loaded, settings: dict, work: list, rate_scale: float = 1.0):
     """Run `work` on a real engine as its requests arrive in wall time; returns its trace."""
-    from engine import LLM, SamplingParams
+    from kvscope.engine import LLM, SamplingParams
 
     llm = LLM(model=loaded, **{"kv_cache_memory": POOL, **settings})
     engine = llm.engine
@@ -82,8 +82,8 @@ def drive(loaded, settings: dict, work: list, rate_scale: float = 1.0):
 
 
 def run_whatif_bench(out: Path, num_requests: int = 40, mean_gap_s: float = 0.5) -> dict:
-    from engine.model.loader import load_model
-    from engine.whatif import CostModel, WhatIf, grid, recorded_summary, simulate, sweep
+    from kvscope.engine.model.loader import load_model
+    from kvscope.engine.whatif import CostModel, WhatIf, grid, recorded_summary, simulate, sweep
 
     out.mkdir(parents=True, exist_ok=True)
     loaded = load_model(None)

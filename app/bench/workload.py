@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.core.paths import ASSETS_DIR
+from kvscope.app.core.paths import ASSETS_DIR
 
 DEFAULT_WORKLOAD = ASSETS_DIR / "chat_mixed.json"
 

@@ -1,7 +1,7 @@
-"""`python -m app.cli`: the same entry point as the `kvscope` script."""
+"""`python -m kvscope.app.cli`: the same entry point as the `kvscope` script."""
 
 import sys
 
-from app.cli.main import main
+from kvscope.app.cli.main import main
 
 sys.exit(main())

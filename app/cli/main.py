@@ -7,10 +7,10 @@ import os
 import sys
 import typing
 
-from app.cli import whatif
-from app.core.block_hashes import ALGOS, DEFAULT_ALGO
-from app.core.engine_flags import SAMPLING_FLAGS, engine_knobs
-from engine.config import KNOB, QUANTIZATIONS, EngineConfig
+from kvscope.app.cli import whatif
+from kvscope.app.core.block_hashes import ALGOS, DEFAULT_ALGO
+from kvscope.app.core.engine_flags import SAMPLING_FLAGS, engine_knobs
+from kvscope.engine.config import KNOB, QUANTIZATIONS, EngineConfig
 
 
 def _engine_args(p: argparse.ArgumentParser, skip=()) -> None:
@@ -51,7 +51,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _byte_count(text: str) -> int:
-    from engine.planner import parse_bytes
+    from kvscope.engine.planner import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -86,7 +86,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 def _run_plan(args: argparse.Namespace) -> int:
     import json
 
-    from engine.planner import plan_kv
+    from kvscope.engine.planner import plan_kv
 
     try:
         plan = plan_kv(
@@ -330,23 +330,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("generate", "chat"):
-        from app.cli import terminal
+        from kvscope.app.cli import terminal
 
         return terminal.run(args)
     if args.command == "plan":
         return _run_plan(args)
     if args.command in ("record", "replay"):
-        from app.cli import recording
+        from kvscope.app.cli import recording
 
         return recording.run(args)
     if args.command == "whatif":
         return whatif.run(args)
     if args.command == "serve":
-        from app.serve.server import run as run_server
+        from kvscope.app.serve.server import run as run_server
 
         return run_server(args)
     if args.command == "bench":
-        from app.bench.run import run_bench
+        from kvscope.app.bench.run import run_bench
 
         return run_bench(args)
     if args.screenshot and not os.environ.get("DISPLAY") and sys.platform.startswith("linux"):
@@ -356,14 +356,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from app.desktop.launch import run_window
+    from kvscope.app.desktop.launch import run_window
 
     return run_window(demo=args.demo, screenshot=args.screenshot, connections=connections)
 
 
 def connections_from_args(args) -> list:
     """--connect URL ... with --kv-events / --kv-replay / --api-key paired by order."""
-    from app.remote.connection import ConnectionSpecError, parse_connection
+    from kvscope.app.remote.connection import ConnectionSpecError, parse_connection
 
     urls = args.connect
     for flag, values in (("--kv-events", args.kv_events), ("--kv-replay", args.kv_replay)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.bench.workload import load_chat_workload
+from kvscope.app.bench.workload import load_chat_workload
 
 
 def run(args: argparse.Namespace) -> int:
@@ -17,8 +17,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def record(args: argparse.Namespace) -> int:
-    from app.core.engine_flags import llm_from_args
-    from engine import SamplingParams
+    from kvscope.app.core.engine_flags import llm_from_args
+    from kvscope.engine import SamplingParams
 
     requests = load_chat_workload(None, args.num_requests, args.max_tokens_cap)
     llm = llm_from_args(args)
@@ -38,7 +38,7 @@ def record(args: argparse.Namespace) -> int:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from engine.kv.replay import replay_events
+    from kvscope.engine.kv.replay import replay_events
 
     print("step  used  cached  shared  running  waiting  useful%  naive-used  naive-waiting")
     for pool, shadow in replay_events(args.events, with_shadow=True):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.core.engine_flags import SAMPLING_FLAGS, llm_from_args
-from engine import LLM, SamplingParams
+from kvscope.app.core.engine_flags import SAMPLING_FLAGS, llm_from_args
+from kvscope.engine import LLM, SamplingParams
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:

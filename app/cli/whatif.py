@@ -66,9 +66,16 @@ def combinations(sets: list[str]) -> list[dict[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.cpu_threads import physical_cores
-    from engine.trace import read_trace
-    from engine.whatif import CostModel, WhatIf, cost_caveat, recorded_summary, resolve, sweep
+    from kvscope.engine.cpu_threads import physical_cores
+    from kvscope.engine.trace import read_trace
+    from kvscope.engine.whatif import (
+        CostModel,
+        WhatIf,
+        cost_caveat,
+        recorded_summary,
+        resolve,
+        sweep,
+    )
 
     try:
         trace = read_trace(Path(args.trace))

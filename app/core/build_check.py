@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 
-from app.core.settings import EngineSettings
-from engine import planner
-from engine.model.model_config import ModelConfig
-from engine.weight_fit import resolve_for_weights, weight_fit
+from kvscope.app.core.settings import EngineSettings
+from kvscope.engine import planner
+from kvscope.engine.model.model_config import ModelConfig
+from kvscope.engine.weight_fit import resolve_for_weights, weight_fit
 
 GiB = float(1 << 30)
 

@@ -13,7 +13,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from app.core.chat_store import ChatStore
+from kvscope.app.core.chat_store import ChatStore
 
 TABLES = ("conversations", "messages")  # parents first: messages reference conversations
 

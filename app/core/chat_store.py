@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.core import reply_alternatives
+from kvscope.app.core import reply_alternatives
 
 _MIGRATIONS = [
     """
@@ -395,6 +395,6 @@ def _escape_like(text: str) -> str:
 
 
 def default_store_path() -> Path:
-    from app.core.paths import data_dir
+    from kvscope.app.core.paths import data_dir
 
     return data_dir() / "chats.sqlite3"

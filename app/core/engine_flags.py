@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import Field
 
-from engine import LLM
-from engine.config import KNOB, user_knobs
+from kvscope.engine import LLM
+from kvscope.engine.config import KNOB, user_knobs
 
 
 def engine_knobs() -> list[Field]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from app.core.settings import EngineSettings
-from engine.kv.snapshot import KVSnapshot
+from kvscope.app.core.settings import EngineSettings
+from kvscope.engine.kv.snapshot import KVSnapshot
 
 
 @dataclass(frozen=True)
@@ -133,9 +133,9 @@ class EngineInfo:
     @classmethod
     def of(cls, llm, settings: EngineSettings) -> EngineInfo:
         """Read from a built LLM (on the worker thread) and the settings it was built from."""
-        from engine import planner
-        from engine.model.chat_templates import is_completion_template
-        from engine.weight_fit import count_parameters
+        from kvscope.engine import planner
+        from kvscope.engine.model.chat_templates import is_completion_template
+        from kvscope.engine.weight_fit import count_parameters
 
         engine = llm.engine
         mc = engine.model_config

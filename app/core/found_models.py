@@ -25,8 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core import model_discovery
-from app.core.model_discovery import FoundModel, ModelSummary
+from kvscope.app.core import model_discovery
+from kvscope.app.core.model_discovery import FoundModel, ModelSummary
 
 DESCRIBE_BUDGET_S = 8.0
 COLUMNS = ("Name", "Size", "Quant.", "Found in")  # short headers: the name gets the width

@@ -26,10 +26,10 @@ import random
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from app.core.paths import ASSETS_DIR
-from app.core.request_ids import load_request_id
-from app.core.step_speed import DEFAULT_SPEED, MachineSpeed
-from engine import SamplingParams
+from kvscope.app.core.paths import ASSETS_DIR
+from kvscope.app.core.request_ids import load_request_id
+from kvscope.app.core.step_speed import DEFAULT_SPEED, MachineSpeed
+from kvscope.engine import SamplingParams
 
 # Characters per token, measured with SmolLM2's tokenizer on these texts: prompts are sized
 # roughly (within ~10%), never tokenized here.

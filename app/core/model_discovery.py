@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.core.ollama_models import ollama_models, ollama_models_dir
-from engine.model.gguf_identity import is_gguf_file
+from kvscope.app.core.ollama_models import ollama_models, ollama_models_dir
+from kvscope.engine.model.gguf_identity import is_gguf_file
 
 MAX_DEPTH = 6  # LM Studio: models/<publisher>/<repo>/<file>.gguf; a little room beyond
 MAX_FILES = 200
@@ -141,7 +141,7 @@ def _as_model(entry: os.DirEntry, source: str, seen: set[Path]) -> FoundModel | 
 
 def describe(path: Path) -> ModelSummary:
     """Name and quantization from the GGUF header; an unreadable file says why instead."""
-    from engine.model.gguf_summary import summarize_gguf
+    from kvscope.engine.model.gguf_summary import summarize_gguf
 
     try:
         summary = summarize_gguf(path)

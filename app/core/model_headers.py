@@ -19,9 +19,9 @@ from collections import OrderedDict
 from pathlib import Path
 from types import MappingProxyType
 
-from engine import planner
-from engine.model.loader import default_model_path
-from engine.model.model_config import ModelConfig
+from kvscope.engine import planner
+from kvscope.engine.model.loader import default_model_path
+from kvscope.engine.model.model_config import ModelConfig
 
 # A few models a session: the bundled one, the user's own, the ones tried in between.
 MAX_ENTRIES = 8

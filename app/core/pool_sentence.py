@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from engine import planner
-from engine.model.model_config import ModelConfig
+from kvscope.engine import planner
+from kvscope.engine.model.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from engine.config import EngineConfig, user_knobs
+from kvscope.engine.config import EngineConfig, user_knobs
 
 # The theme setting's choices (app/desktop/theme.py applies them).
 THEMES = ("system", "light", "dark")
@@ -88,7 +88,7 @@ class SamplingSettings:
     def from_dict(cls, data: object) -> SamplingSettings:
         """Validated settings from saved JSON (a chat's, the file's); unknown keys are ignored.
         Raises ValueError naming a bad value."""
-        from engine import SamplingParams
+        from kvscope.engine import SamplingParams
 
         settings = _dataclass_from(cls, data, "sampling")
         SamplingParams(**settings.params_kwargs())
@@ -132,7 +132,7 @@ class AppSettings:
         return settings
 
     def validate(self) -> None:
-        from engine import SamplingParams
+        from kvscope.engine import SamplingParams
 
         if self.overflow_policy not in OVERFLOW_POLICIES:
             raise ValueError(
@@ -164,7 +164,7 @@ def _dataclass_from(cls, data: object, name: str):
 
 
 def settings_path() -> Path:
-    from app.core.paths import data_dir
+    from kvscope.app.core.paths import data_dir
 
     return data_dir() / "settings.json"
 

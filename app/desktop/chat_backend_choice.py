@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from app.core.chat_store import Conversation, RemoteTarget
+from kvscope.app.core.chat_store import Conversation, RemoteTarget
 
 
 class ChatBackendChoice:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
-from app.core.chat_store import Conversation, RemoteTarget
-from app.remote.connection import Connection
-from app.remote.remote_chat_qt import RemoteChatClient
+from kvscope.app.core.chat_store import Conversation, RemoteTarget
+from kvscope.app.remote.connection import Connection
+from kvscope.app.remote.remote_chat_qt import RemoteChatClient
 
 
 class ChatBackends(QObject):

@@ -21,18 +21,18 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.core.chat_store import ChatStore, Conversation
-from app.core.engine_messages import ReplyUpdate
-from app.core.request_ids import conversation_group, conversation_request_id
-from app.core.settings import SamplingSettings
-from app.desktop.chat.chat_view import ChatView
-from app.desktop.chat.context_meter import ContextMeterFeed
-from app.desktop.chat.conversation_list import ConversationList
-from app.desktop.chat.markdown import plain_text
-from app.desktop.chat_backends import ChatBackends
-from app.desktop.completion_style import CompletionStyle
-from app.desktop.engine_client import EngineClient
-from app.remote.remote_models_qt import RemoteModels
+from kvscope.app.core.chat_store import ChatStore, Conversation
+from kvscope.app.core.engine_messages import ReplyUpdate
+from kvscope.app.core.request_ids import conversation_group, conversation_request_id
+from kvscope.app.core.settings import SamplingSettings
+from kvscope.app.desktop.chat.chat_view import ChatView
+from kvscope.app.desktop.chat.context_meter import ContextMeterFeed
+from kvscope.app.desktop.chat.conversation_list import ConversationList
+from kvscope.app.desktop.chat.markdown import plain_text
+from kvscope.app.desktop.chat_backends import ChatBackends
+from kvscope.app.desktop.completion_style import CompletionStyle
+from kvscope.app.desktop.engine_client import EngineClient
+from kvscope.app.remote.remote_models_qt import RemoteModels
 
 NEW_CHAT_TITLE = "New chat"
 STREAM_REDRAW_MS = 80

@@ -14,9 +14,9 @@ whose notice it extends; it reads the controller's client, chat view, store and 
 
 from __future__ import annotations
 
-from app.core.chat_store import Conversation
-from app.desktop.chat_backend_choice import ChatBackendChoice
-from engine.model.chat_templates import COMPLETION_STOP
+from kvscope.app.core.chat_store import Conversation
+from kvscope.app.desktop.chat_backend_choice import ChatBackendChoice
+from kvscope.engine.model.chat_templates import COMPLETION_STOP
 
 BASE_REPETITION_PENALTY = 1.1
 BASE_MODEL_NOTICE = (

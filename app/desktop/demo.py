@@ -15,9 +15,9 @@ import sys
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
-from app.core.paths import ASSETS_DIR
-from app.core.settings import AppSettings, SamplingSettings, load_settings
-from app.desktop.window import MainWindow
+from kvscope.app.core.paths import ASSETS_DIR
+from kvscope.app.core.settings import AppSettings, SamplingSettings, load_settings
+from kvscope.app.desktop.window import MainWindow
 
 DEMO_SAMPLING = SamplingSettings(temperature=0.7, top_p=0.9, max_tokens=32, seed=7)
 

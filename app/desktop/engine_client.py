@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal
 
-from app.core.settings import EngineSettings
-from app.desktop.engine_worker import EngineWorker
+from kvscope.app.core.settings import EngineSettings
+from kvscope.app.desktop.engine_worker import EngineWorker
 
 _RUNNING: set[EngineClient] = set()  # clients whose thread runs: a QThread must outlive its run
 

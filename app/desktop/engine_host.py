@@ -17,12 +17,12 @@ import weakref
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from app.core.engine_messages import EngineInfo, Telemetry
-from app.core.settings import EngineSettings
-from app.desktop.kernel_switch import KernelSwitch
-from engine.device_memory import read_device_memory
-from engine.host_memory import give_back_freed
-from engine.kv.snapshot import KVSnapshot
+from kvscope.app.core.engine_messages import EngineInfo, Telemetry
+from kvscope.app.core.settings import EngineSettings
+from kvscope.app.desktop.kernel_switch import KernelSwitch
+from kvscope.engine.device_memory import read_device_memory
+from kvscope.engine.host_memory import give_back_freed
+from kvscope.engine.kv.snapshot import KVSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +74,9 @@ class EngineHost(QObject):
             self._mark_idle()
 
     def _build_now(self, settings: EngineSettings) -> None:
-        from engine import LLM
-        from engine.cpu_kernels import prepare_cpu_kernels
-        from engine.model.loader import load_model
+        from kvscope.engine import LLM
+        from kvscope.engine.cpu_kernels import prepare_cpu_kernels
+        from kvscope.engine.model.loader import load_model
 
         building = "Loading the model…" if self.llm is None else "Rebuilding the engine…"
         self.busy.emit(building)
@@ -152,7 +152,7 @@ class EngineHost(QObject):
 
     def _restore(self, previous: tuple, failure: str) -> None:
         """After a failed build: the previous engine again where there was one, and the error."""
-        from engine import LLM
+        from kvscope.engine import LLM
 
         loaded, _, settings = previous
         if loaded is not None:

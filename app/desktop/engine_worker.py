@@ -40,16 +40,16 @@ import weakref
 
 from PySide6.QtCore import QThread, QTimer, Signal, Slot
 
-from app.core.context_fit import fit_conversation, prompt_ids, reply_reserve
-from app.core.engine_messages import (
+from kvscope.app.core.context_fit import fit_conversation, prompt_ids, reply_reserve
+from kvscope.app.core.engine_messages import (
     ContextUsage,
     RecordingState,
     ReplyUpdate,
     ServerState,
 )
-from app.core.settings import EngineSettings
-from app.core.step_speed import StepSpeed
-from app.desktop.engine_host import TELEMETRY_INTERVAL_S, EngineHost, describe_error
+from kvscope.app.core.settings import EngineSettings
+from kvscope.app.core.step_speed import StepSpeed
+from kvscope.app.desktop.engine_host import TELEMETRY_INTERVAL_S, EngineHost, describe_error
 
 RECORD_WHEN_IDLE = (
     "Recording starts when the engine is idle: wait for the replies in flight (and stop "
@@ -127,7 +127,7 @@ class EngineWorker(EngineHost):
         self, request_id: str, system_prompt: str, turns: list, params: dict, policy: str
     ) -> None:
         """Start a reply to `turns` (user/assistant messages, oldest first)."""
-        from engine import SamplingParams
+        from kvscope.engine import SamplingParams
 
         if self.llm is None:
             self.request_failed.emit(request_id, "No model is loaded.")
@@ -217,8 +217,8 @@ class EngineWorker(EngineHost):
     # ---- serving ---------------------------------------------------------------------------
     @Slot(str, int, str)
     def start_server(self, host: str, port: int, api_key: str) -> None:
-        from app.serve.engine_loop import EngineDriver
-        from app.serve.server import Server
+        from kvscope.app.serve.engine_loop import EngineDriver
+        from kvscope.app.serve.server import Server
 
         self.stop_server()
         if self.llm is None:
@@ -263,7 +263,7 @@ class EngineWorker(EngineHost):
     # ---- simulated users -----------------------------------------------------------------
     @Slot(object)
     def start_load(self, spec) -> None:
-        from app.core.loadgen import LoadGenerator, fit_to_context
+        from kvscope.app.core.loadgen import LoadGenerator, fit_to_context
 
         self.stop_load()
         if self.llm is not None:  # no request may be refused for its length
@@ -304,7 +304,7 @@ class EngineWorker(EngineHost):
     def _report_load(self) -> None:
         """The generator's requests as the engine sees them: submitted, running, waiting (from
         the latest snapshot; a request it does not list yet waits). Sent when it changes."""
-        from app.core.loadgen import describe_progress
+        from kvscope.app.core.loadgen import describe_progress
 
         load = self._load
         if load is None:

@@ -20,7 +20,7 @@ import time
 import torch
 from PySide6.QtCore import QObject, Qt, QThread, QTimer
 
-from engine.cpu_kernels import BackgroundCompile, kernels_compiled, kernels_wanted
+from kvscope.engine.cpu_kernels import BackgroundCompile, kernels_compiled, kernels_wanted
 
 POLL_MS = 500
 DONE_SHOWN_MS = 20_000  # how long the "now on the compiled kernels" line stays

@@ -9,9 +9,9 @@ from __future__ import annotations
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
-from app.core.paths import ASSETS_DIR
-from app.desktop.window import MainWindow
-from app.remote.connection import Connection
+from kvscope.app.core.paths import ASSETS_DIR
+from kvscope.app.desktop.window import MainWindow
+from kvscope.app.remote.connection import Connection
 
 
 def set_app_icon(app: QApplication) -> None:
@@ -28,7 +28,7 @@ def run_window(
     app.setApplicationName("KVScope")
     set_app_icon(app)
     if demo:
-        from app.desktop.demo import run_demo
+        from kvscope.app.desktop.demo import run_demo
 
         return run_demo(app, demo, screenshot)
     window = MainWindow(connections=connections)

@@ -25,8 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.engine_messages import EngineInfo
-from app.core.loadgen import (
+from kvscope.app.core.engine_messages import EngineInfo
+from kvscope.app.core.loadgen import (
     DEMO_TARGET_S,
     MAX_RATE,
     MAX_USERS,
@@ -36,7 +36,7 @@ from app.core.loadgen import (
     fit_to_context,
     plan_preemption_demo,
 )
-from app.core.step_speed import DEFAULT_SPEED, MachineSpeed
+from kvscope.app.core.step_speed import DEFAULT_SPEED, MachineSpeed
 
 MAX_PROMPT_TOKENS = 32768
 MAX_OUTPUT_TOKENS = 8192

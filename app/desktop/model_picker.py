@@ -28,17 +28,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core import model_discovery, paths
-from app.core.found_models import FoundModelsList
-from app.core.model_headers import read_headers
-from app.core.ollama_models import name_of_blob
-from app.core.pool_fit import prediction_line
-from app.core.pool_sentence import block_sentence, pool_figures, pool_sentence
-from app.desktop.elided_label import elide_middle
-from engine import planner
-from engine.model.gguf_identity import is_gguf_file
-from engine.model.model_config import ModelConfig
-from engine.weight_fit import count_parameters, resolve_for_weights, weight_fit
+from kvscope.app.core import model_discovery, paths
+from kvscope.app.core.found_models import FoundModelsList
+from kvscope.app.core.model_headers import read_headers
+from kvscope.app.core.ollama_models import name_of_blob
+from kvscope.app.core.pool_fit import prediction_line
+from kvscope.app.core.pool_sentence import block_sentence, pool_figures, pool_sentence
+from kvscope.app.desktop.elided_label import elide_middle
+from kvscope.engine import planner
+from kvscope.engine.model.gguf_identity import is_gguf_file
+from kvscope.engine.model.model_config import ModelConfig
+from kvscope.engine.weight_fit import count_parameters, resolve_for_weights, weight_fit
 
 SOURCES = ("Bundled SmolLM2-135M-Instruct", "GGUF file", "HF model folder")
 GGUF_FILTERS = "GGUF (*.gguf);;Ollama blobs (sha256-*);;All files (*)"

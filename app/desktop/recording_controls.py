@@ -19,11 +19,11 @@ from PySide6.QtCore import QObject, QUrl
 from PySide6.QtGui import QAction, QDesktopServices
 from PySide6.QtWidgets import QFileDialog, QMainWindow, QToolButton, QWidget
 
-from app.core import paths
-from app.core.engine_messages import RecordingState
-from app.desktop.engine_client import EngineClient
-from app.desktop.replay_view import ReplayDialog, open_recording
-from app.desktop.shortened_button import ShortenedToolButton
+from kvscope.app.core import paths
+from kvscope.app.core.engine_messages import RecordingState
+from kvscope.app.desktop.engine_client import EngineClient
+from kvscope.app.desktop.replay_view import ReplayDialog, open_recording
+from kvscope.app.desktop.shortened_button import ShortenedToolButton
 
 RECORD_TEXT = "● Record"
 STOP_TEXT = "■ Stop recording"

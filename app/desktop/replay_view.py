@@ -30,13 +30,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop.blockmap.block_map import BlockMapView
-from app.desktop.blockmap.legend import StateKey
-from app.desktop.blockmap.panel import caption_style, paged_caption, panel_style, shadow_caption
-from app.desktop.palette import Palette, current
-from app.desktop.theme import follow_theme
-from engine.kv.replay import replay_events
-from engine.kv.snapshot import KVSnapshot
+from kvscope.app.desktop.blockmap.block_map import BlockMapView
+from kvscope.app.desktop.blockmap.legend import StateKey
+from kvscope.app.desktop.blockmap.panel import (
+    caption_style,
+    paged_caption,
+    panel_style,
+    shadow_caption,
+)
+from kvscope.app.desktop.palette import Palette, current
+from kvscope.app.desktop.theme import follow_theme
+from kvscope.engine.kv.replay import replay_events
+from kvscope.engine.kv.snapshot import KVSnapshot
 
 MAX_FILE_BYTES = 256 << 20  # the reader holds the whole file as text
 MAX_VIEW_BLOCKS = 1 << 22  # a few GPU pools' worth; beyond it one snapshot is too big to keep

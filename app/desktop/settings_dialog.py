@@ -31,17 +31,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.build_check import build_problems, context_limit
-from app.core.engine_messages import EngineInfo
-from app.core.settings import (
+from kvscope.app.core.build_check import build_problems, context_limit
+from kvscope.app.core.engine_messages import EngineInfo
+from kvscope.app.core.settings import (
     DEVICES,
     KV_BUDGET_HELP,
     OVERFLOW_POLICIES,
     AppSettings,
     EngineSettings,
 )
-from engine.config import knob_of
-from engine.cpu_threads import default_num_threads, usable_cpus
+from kvscope.engine.config import knob_of
+from kvscope.engine.cpu_threads import default_num_threads, usable_cpus
 
 
 class SettingsDialog(QDialog):
@@ -57,7 +57,7 @@ class SettingsDialog(QDialog):
     ) -> None:
         """`running`: the engine a rebuild would free first; `failed`: the engine settings of
         the last Apply that did not build and why, which the dialog starts from."""
-        from app.desktop.model_picker import ModelPicker
+        from kvscope.app.desktop.model_picker import ModelPicker
 
         super().__init__(parent)
         self.setWindowTitle("Model and engine settings")

@@ -11,11 +11,11 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
-from app.core.engine_messages import EngineInfo
-from app.core.pool_fit import naive_sequences, naive_warning
-from app.desktop.elided_label import ElidedLabel
-from app.desktop.model_picker import format_count
-from app.desktop.theme import follow_theme
+from kvscope.app.core.engine_messages import EngineInfo
+from kvscope.app.core.pool_fit import naive_sequences, naive_warning
+from kvscope.app.desktop.elided_label import ElidedLabel
+from kvscope.app.desktop.model_picker import format_count
+from kvscope.app.desktop.theme import follow_theme
 
 POOL_LABEL_SAMPLE = "KV 000000/000000 blocks held, 000000 cached · 0000 running"
 QWIDGETSIZE_MAX = (1 << 24) - 1  # Qt's "no maximum"

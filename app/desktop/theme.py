@@ -12,8 +12,8 @@ from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
-from app.core.paths import ASSETS_DIR
-from app.desktop.palette import Palette, current, set_current
+from kvscope.app.core.paths import ASSETS_DIR
+from kvscope.app.desktop.palette import Palette, current, set_current
 
 STYLESHEETS = {"dark": "style.qss", "light": "style_light.qss"}
 KEEPER_NAME = "themeKeeper"

@@ -20,31 +20,31 @@ from PySide6.QtWidgets import (
     QTabWidget,
 )
 
-from app.core.chat_recovery import open_chat_store
-from app.core.chat_store import default_store_path
-from app.core.engine_messages import EngineInfo, Telemetry
-from app.core.model_discovery import remember_model
-from app.core.model_headers import prefetch as prefetch_headers
-from app.core.paths import data_dir
-from app.core.request_ids import conversation_of_group, group_of
-from app.core.settings import AppSettings, load_settings, save_settings, settings_path
-from app.desktop.chat.chat_view import ChatView
-from app.desktop.chat.conversation_list import ConversationList
-from app.desktop.chat_controller import ChatController
-from app.desktop.engine_client import EngineClient
-from app.desktop.map_column import MapColumn
-from app.desktop.recording_controls import RecordingControls
-from app.desktop.remote_view.connect_dialog import add_connect_action
-from app.desktop.remote_view.view import RemoteView
-from app.desktop.server_controls import ServerControls
-from app.desktop.settings_dialog import SettingsDialog
-from app.desktop.status_bar import EngineStatusBar
-from app.desktop.theme import theme_keeper
-from app.desktop.whatif import WhatIfTab
-from app.desktop.window_geometry import first_sizes, initial_size
-from app.desktop.window_menu import add_engine_actions, build_menus
-from app.remote.connection import Connection
-from app.remote.connections_qt import ConnectionList
+from kvscope.app.core.chat_recovery import open_chat_store
+from kvscope.app.core.chat_store import default_store_path
+from kvscope.app.core.engine_messages import EngineInfo, Telemetry
+from kvscope.app.core.model_discovery import remember_model
+from kvscope.app.core.model_headers import prefetch as prefetch_headers
+from kvscope.app.core.paths import data_dir
+from kvscope.app.core.request_ids import conversation_of_group, group_of
+from kvscope.app.core.settings import AppSettings, load_settings, save_settings, settings_path
+from kvscope.app.desktop.chat.chat_view import ChatView
+from kvscope.app.desktop.chat.conversation_list import ConversationList
+from kvscope.app.desktop.chat_controller import ChatController
+from kvscope.app.desktop.engine_client import EngineClient
+from kvscope.app.desktop.map_column import MapColumn
+from kvscope.app.desktop.recording_controls import RecordingControls
+from kvscope.app.desktop.remote_view.connect_dialog import add_connect_action
+from kvscope.app.desktop.remote_view.view import RemoteView
+from kvscope.app.desktop.server_controls import ServerControls
+from kvscope.app.desktop.settings_dialog import SettingsDialog
+from kvscope.app.desktop.status_bar import EngineStatusBar
+from kvscope.app.desktop.theme import theme_keeper
+from kvscope.app.desktop.whatif import WhatIfTab
+from kvscope.app.desktop.window_geometry import first_sizes, initial_size
+from kvscope.app.desktop.window_menu import add_engine_actions, build_menus
+from kvscope.app.remote.connection import Connection
+from kvscope.app.remote.connections_qt import ConnectionList
 
 
 class MainWindow(QMainWindow):
@@ -139,7 +139,7 @@ class MainWindow(QMainWindow):
             self.show_error("Settings were reset", settings_problem)
         if store_problem:
             self.show_error("The chats database could not be used as it was", store_problem)
-        from app.core import paths
+        from kvscope.app.core import paths
 
         if paths.data_dir_problem:
             self.show_error("The data folder cannot be used", paths.data_dir_problem)

@@ -11,7 +11,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QWidget
 
-from app.core.settings import THEMES
+from kvscope.app.core.settings import THEMES
 
 SETTINGS_KEY = "Ctrl+,"  # LM Studio's, VS Code's; Qt's Preferences key is empty on Linux
 

@@ -15,8 +15,8 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-from app.remote.cow_map import CowMap
-from app.remote.kv_wire import BlockHash
+from kvscope.app.remote.cow_map import CowMap
+from kvscope.app.remote.kv_wire import BlockHash
 
 Tokens = bytes | tuple[int, ...]
 RawBlock = tuple  # CachedBlock's fields, in its order, as a plain tuple

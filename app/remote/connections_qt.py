@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
-from app.remote.connection import Connection
+from kvscope.app.remote.connection import Connection
 
 
 class ConnectionList(QObject):

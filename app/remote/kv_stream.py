@@ -14,10 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from app.remote.kv_replay import ReplayClient, ReplayFailed
-from app.remote.kv_wire import AllBlocksCleared, EventBatch, MalformedFrame, decode_batch
+from kvscope.app.remote.kv_replay import ReplayClient, ReplayFailed
+from kvscope.app.remote.kv_wire import AllBlocksCleared, EventBatch, MalformedFrame, decode_batch
 
-log = logging.getLogger("app.remote.kv_subscriber")  # one logger for the subscriber's thread
+log = logging.getLogger(
+    "kvscope.app.remote.kv_subscriber"
+)  # one logger for the subscriber's thread
 
 MAX_SEQ = 1 << 40
 RESTART_SEQ = -1  # the seq of the synthetic clearing batch delivered on a restart

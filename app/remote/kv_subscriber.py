@@ -45,9 +45,9 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from app.remote.kv_replay import ReplayClient
-from app.remote.kv_stream import STATUS_EVERY_S, KVStream, SubscriberStatus
-from app.remote.kv_wire import EventBatch
+from kvscope.app.remote.kv_replay import ReplayClient
+from kvscope.app.remote.kv_stream import STATUS_EVERY_S, KVStream, SubscriberStatus
+from kvscope.app.remote.kv_wire import EventBatch
 
 log = logging.getLogger(__name__)
 

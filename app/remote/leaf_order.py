@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Any
 
-from app.remote.cow_map import CowMap
+from kvscope.app.remote.cow_map import CowMap
 
 EPOCH = 4096  # leaves per epoch: small OrderedDicts, cheap to resize
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from app.core.block_hashes import ALGOS, DEFAULT_ALGO, BlockHasher, hasher_for
-from app.remote.connection import Connection
-from app.remote.kv_subscriber import KVEventSubscriber, SubscriberStatus
-from app.remote.kv_wire import EventBatch
-from app.remote.metrics_scrape import MetricsParseError, RemoteMetrics, parse_metrics
-from app.remote.remote_cache import RemoteCache, block_cap
+from kvscope.app.core.block_hashes import ALGOS, DEFAULT_ALGO, BlockHasher, hasher_for
+from kvscope.app.remote.connection import Connection
+from kvscope.app.remote.kv_subscriber import KVEventSubscriber, SubscriberStatus
+from kvscope.app.remote.kv_wire import EventBatch
+from kvscope.app.remote.metrics_scrape import MetricsParseError, RemoteMetrics, parse_metrics
+from kvscope.app.remote.remote_cache import RemoteCache, block_cap
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from app.remote.connection import Connection
+from kvscope.app.remote.connection import Connection
 
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_TIMEOUT_S = 120.0  # between two bytes of an answer: a long prefill sends nothing

@@ -16,10 +16,23 @@ import gc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from app.remote.cached_block import BlockMap, CachedBlock, RawBlock, Tokens, num_tokens, pack_tokens
-from app.remote.cow_map import CowMap
-from app.remote.kv_wire import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, EventBatch
-from app.remote.leaf_order import LeafOrder
+from kvscope.app.remote.cached_block import (
+    BlockMap,
+    CachedBlock,
+    RawBlock,
+    Tokens,
+    num_tokens,
+    pack_tokens,
+)
+from kvscope.app.remote.cow_map import CowMap
+from kvscope.app.remote.kv_wire import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+)
+from kvscope.app.remote.leaf_order import LeafOrder
 
 PRIMARY_MEDIA = (None, "GPU")
 HISTORY_MAX = 4000  # points of (time, blocks held); older ones are dropped in chunks

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.core.context_fit import reply_reserve
-from app.core.engine_messages import ContextUsage, ReplyUpdate
-from app.remote.connection import Connection
-from app.remote.openai_http import ChatDelta, OpenAIHttp, RemoteError
+from kvscope.app.core.context_fit import reply_reserve
+from kvscope.app.core.engine_messages import ContextUsage, ReplyUpdate
+from kvscope.app.remote.connection import Connection
+from kvscope.app.remote.openai_http import ChatDelta, OpenAIHttp, RemoteError
 
 STREAM_EMIT_S = 0.05
 COUNT_TIMEOUT_S = 10.0

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Signal
 
-from app.remote.connection import Connection
-from app.remote.openai_http import OpenAIHttp, RemoteError
+from kvscope.app.remote.connection import Connection
+from kvscope.app.remote.openai_http import OpenAIHttp, RemoteError
 
 LIST_TIMEOUT_S = 10.0
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.core.block_hashes import BlockHasher, external_hash
-from app.remote.remote_cache import RemoteCache
+from kvscope.app.core.block_hashes import BlockHasher, external_hash
+from kvscope.app.remote.remote_cache import RemoteCache
 
 TOKEN_METHOD = "token ids"
 

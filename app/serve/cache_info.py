@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from engine import EngineConfig, LLMEngine
+from kvscope.engine import EngineConfig, LLMEngine
 
 # (label, what a default vLLM 0.33 server publishes) in CacheConfig's field order, then "engine".
 CACHE_CONFIG_INFO: tuple[tuple[str, str], ...] = (

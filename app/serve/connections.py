@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from app.serve.errors import error_body
-from app.serve.fd_budget import ConnectionBudget
+from kvscope.app.serve.errors import error_body
+from kvscope.app.serve.fd_budget import ConnectionBudget
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from engine import LLMEngine, RequestOutput, SamplingParams
+from kvscope.engine import LLMEngine, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
 

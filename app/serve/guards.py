@@ -6,7 +6,7 @@ from __future__ import annotations
 import hmac
 import json
 
-from app.serve.errors import error_body
+from kvscope.app.serve.errors import error_body
 
 MAX_BODY_BYTES = 4 << 20  # 4 MiB: far above any prompt max_model_len admits, far below harm
 OPEN_PATHS = ("/health",)  # what a load balancer probes without a key

@@ -41,8 +41,8 @@ from typing import Any
 import msgspec
 import zmq
 
-from app.core.block_hashes import DEFAULT_ALGO, BlockHasher, external_hash, none_hash_seed
-from engine import LLMEngine
+from kvscope.app.core.block_hashes import DEFAULT_ALGO, BlockHasher, external_hash, none_hash_seed
+from kvscope.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ LOG_INTERVAL_S = 10.0  # one line per kind per 10 s: enough to see it is still g
 FLOODABLE = {
     "asyncio": ("socket.accept() out of system resource",),  # EMFILE / ENFILE on accept
     "uvicorn.error": ("Invalid HTTP request received.",),  # one per malformed request
-    "app.serve.connections": ("",),  # our own: cap reached, deadlines passed
+    "kvscope.app.serve.connections": ("",),  # our own: cap reached, deadlines passed
 }
 
 

@@ -30,10 +30,10 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from app.core.block_hashes import DEFAULT_ALGO
-from app.serve.cache_info import CACHE_CONFIG_LABELS, cache_config_info
-from app.serve.request_metrics import LABELS, RequestFamilies
-from engine import LLMEngine, RequestOutput
+from kvscope.app.core.block_hashes import DEFAULT_ALGO
+from kvscope.app.serve.cache_info import CACHE_CONFIG_LABELS, cache_config_info
+from kvscope.app.serve.request_metrics import LABELS, RequestFamilies
+from kvscope.engine import LLMEngine, RequestOutput
 
 WAITING_REASONS = ("capacity", "deferred")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from engine import CompletionOutput, LLMEngine, RequestOutput
+from kvscope.engine import CompletionOutput, LLMEngine, RequestOutput
 
 LABELS = ["model_name", "engine"]
 # vLLM's FinishReason, each as str() renders it; ours end "stop", "length" or "abort", and "error"

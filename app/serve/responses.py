@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from engine import CompletionOutput, RequestOutput
+from kvscope.engine import CompletionOutput, RequestOutput
 
 
 def sse(payload: dict | str) -> str:

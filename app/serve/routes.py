@@ -13,11 +13,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app.core.request_ids import api_request_id
-from app.serve.engine_loop import Accepted, RequestStream
-from app.serve.errors import APIError
-from app.serve.prompt_work import render_off_loop, tokenize_off_loop
-from app.serve.protocol import (
+from kvscope.app.core.request_ids import api_request_id
+from kvscope.app.serve.engine_loop import Accepted, RequestStream
+from kvscope.app.serve.errors import APIError
+from kvscope.app.serve.prompt_work import render_off_loop, tokenize_off_loop
+from kvscope.app.serve.protocol import (
     REFUSED_CHAT,
     REFUSED_COMPLETION,
     ChatCompletionRequest,
@@ -26,15 +26,15 @@ from app.serve.protocol import (
     SamplingFields,
     TokenizeRequest,
 )
-from app.serve.responses import ResponseBuilder, sse
-from app.serve.sampling import (
+from kvscope.app.serve.responses import ResponseBuilder, sse
+from kvscope.app.serve.sampling import (
     refuse_unsupported,
     sampling_params,
     truncated_prompt,
     truncation_keep,
 )
-from app.serve.state import ServerState
-from engine import RequestOutput, SamplingParams
+from kvscope.app.serve.state import ServerState
+from kvscope.engine import RequestOutput, SamplingParams
 
 DISCONNECT_POLL_S = 0.5  # how often a whole (non-streamed) request checks its client is there
 _CLIENT_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -154,7 +154,7 @@ def build_router(state: ServerState) -> APIRouter:
             while True:
                 try:
                     item = await asyncio.wait_for(stream.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     item = None
                 if loop.time() >= check_at:
                     if await request.is_disconnected():

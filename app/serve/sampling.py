@@ -5,10 +5,10 @@ the engine cannot honour (app/serve/protocol.py lists both)."""
 
 from __future__ import annotations
 
-from app.serve.errors import APIError
-from app.serve.protocol import SamplingFields, refused_field
-from app.serve.state import ServerState
-from engine import GREEDY_TEMPERATURE, ParamError, SamplingParams
+from kvscope.app.serve.errors import APIError
+from kvscope.app.serve.protocol import SamplingFields, refused_field
+from kvscope.app.serve.state import ServerState
+from kvscope.engine import GREEDY_TEMPERATURE, ParamError, SamplingParams
 
 # vLLM raises a temperature in (0, 0.01) to 0.01 (numerical safety): such a request samples.
 MIN_TEMPERATURE = 1e-2

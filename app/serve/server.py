@@ -19,19 +19,19 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from app.core.block_hashes import DEFAULT_ALGO
-from app.serve.connections import ConnectionLimits, guarded_protocol
-from app.serve.engine_loop import EngineDriver, EngineLoop
-from app.serve.errors import install_error_handlers
-from app.serve.fd_budget import ConnectionBudget, budget_for_this_process
-from app.serve.guards import ApiKeyGuard, BodySizeGuard
-from app.serve.kv_events import KVEventTranslator, ZmqEventPublisher, vllm_hasher
-from app.serve.log_limits import install_log_limits
-from app.serve.metrics import ServerMetrics
-from app.serve.responses import TokenText
-from app.serve.routes import build_router
-from app.serve.state import ServerState
-from engine import LLM, LLMEngine
+from kvscope.app.core.block_hashes import DEFAULT_ALGO
+from kvscope.app.serve.connections import ConnectionLimits, guarded_protocol
+from kvscope.app.serve.engine_loop import EngineDriver, EngineLoop
+from kvscope.app.serve.errors import install_error_handlers
+from kvscope.app.serve.fd_budget import ConnectionBudget, budget_for_this_process
+from kvscope.app.serve.guards import ApiKeyGuard, BodySizeGuard
+from kvscope.app.serve.kv_events import KVEventTranslator, ZmqEventPublisher, vllm_hasher
+from kvscope.app.serve.log_limits import install_log_limits
+from kvscope.app.serve.metrics import ServerMetrics
+from kvscope.app.serve.responses import TokenText
+from kvscope.app.serve.routes import build_router
+from kvscope.app.serve.state import ServerState
+from kvscope.engine import LLM, LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ def build_app(state: ServerState, api_key: str | None) -> FastAPI:
 
 def run(args: argparse.Namespace) -> int:
     """`kvscope serve`."""
-    from app.core.engine_flags import llm_from_args
+    from kvscope.app.core.engine_flags import llm_from_args
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.kv_events_replay and not args.kv_events:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from app.serve.engine_loop import EngineLoop
-from app.serve.metrics import ServerMetrics
-from app.serve.responses import TokenText
-from engine import LLMEngine
+from kvscope.app.serve.engine_loop import EngineLoop
+from kvscope.app.serve.metrics import ServerMetrics
+from kvscope.app.serve.responses import TokenText
+from kvscope.engine import LLMEngine
 
 
 @dataclass

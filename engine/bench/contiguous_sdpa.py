@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from engine.model import llama
-from engine.model.llama import LlamaModel
+from kvscope.engine.model import llama
+from kvscope.engine.model.llama import LlamaModel
 
 if TYPE_CHECKING:
-    from engine.llm import LLM
+    from kvscope.engine.llm import LLM
 
 PREFILL_TOKENS_PER_CHUNK = 16384  # bounds prefill activations on smaller GPUs
 

@@ -16,7 +16,7 @@ def heuristic_num_splits(
     batch: int, num_kv_heads: int, max_context: int, device: torch.device
 ) -> int:
     """Partitions the decode kernel cuts each context into for this shape on `device`."""
-    from kernels import triton_decode
+    from kvscope.kernels import triton_decode
 
     sms = triton_decode.device_sm_count(device)
     return triton_decode.decode_num_splits(batch, num_kv_heads, max_context, sms)
@@ -25,6 +25,6 @@ def heuristic_num_splits(
 def decode_with_splits(*args: object, num_splits: int) -> torch.Tensor:
     """`kernels.paged_decode_attention(*args, backend="triton")` with the context cut into
     `num_splits` partitions (1: no split); `args` as that function takes them."""
-    from kernels import triton_decode
+    from kvscope.kernels import triton_decode
 
     return triton_decode.paged_decode_attention_triton(*args, num_splits=num_splits)

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
-from engine.kv.snapshot import BlockState
-from engine.llm_engine import LLMEngine
-from engine.memory_profile import bytes_per_block, kv_layout
-from engine.model.loader import load_model
-from engine.sampling_params import SamplingParams
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.kv.snapshot import BlockState
+from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine.memory_profile import bytes_per_block, kv_layout
+from kvscope.engine.model.loader import load_model
+from kvscope.engine.sampling_params import SamplingParams
 
 VOCAB = 512
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.kv.events import BlocksAllocated, SequenceAdded, SequenceAdmitted, StepProgress
-from engine.kv.observers import PoolObservers
+from kvscope.engine.kv.events import BlocksAllocated, SequenceAdded, SequenceAdmitted, StepProgress
+from kvscope.engine.kv.observers import PoolObservers
 
 SNAPSHOT_BLOCKS = 100_000
 SNAPSHOT_TARGET_MS = 5.0

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from engine.kv.allocator import (
+from kvscope.engine.kv.allocator import (
     NULL_BLOCK,
     KVAllocator,
     NoFreeBlocksError,
@@ -30,8 +30,8 @@ from engine.kv.allocator import (
     check_pool_size,
     live_from,
 )
-from engine.kv.block import Block
-from engine.kv.events import (
+from kvscope.engine.kv.block import Block
+from kvscope.engine.kv.events import (
     BlockCopiedOnWrite,
     BlockEvicted,
     BlocksAllocated,
@@ -42,8 +42,8 @@ from engine.kv.events import (
     PrefixCacheHit,
     SequenceForked,
 )
-from engine.kv.layout import KVLayout
-from engine.kv.prefix_index import PrefixIndex
+from kvscope.engine.kv.layout import KVLayout
+from kvscope.engine.kv.prefix_index import PrefixIndex
 
 
 class BlockManager(KVAllocator):

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch, check_pool_size
-from engine.kv.events import BlocksAllocated, BlocksFreed, BlocksReserved, EventLog
+from kvscope.engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch, check_pool_size
+from kvscope.engine.kv.events import BlocksAllocated, BlocksFreed, BlocksReserved, EventLog
 
 
 def first_fit(reserved: np.ndarray, length: int) -> int | None:

@@ -59,7 +59,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar, get_type_hints
 
-from engine.kv.session_json import (
+from kvscope.engine.kv.session_json import (
     MAX_HEADER_BYTES,
     decode_field,
     decode_line,

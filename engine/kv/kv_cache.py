@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv.layout import KVLayout
+from kvscope.engine.kv.layout import KVLayout
 
 
 class KVCache:

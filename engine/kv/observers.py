@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from engine.kv.events import EventLog, EventRecorder
-from engine.kv.shadow import ContiguousShadow
-from engine.kv.snapshot import KVSnapshot
-from engine.kv.telemetry import PoolCounters, PoolTelemetry
+from kvscope.engine.kv.events import EventLog, EventRecorder
+from kvscope.engine.kv.shadow import ContiguousShadow
+from kvscope.engine.kv.snapshot import KVSnapshot
+from kvscope.engine.kv.telemetry import PoolCounters, PoolTelemetry
 
 
 class PoolObservers:

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-from engine.kv.allocator import NULL_BLOCK, PrefixMatch
-from engine.kv.block import Block
-from engine.kv.layout import KVLayout
+from kvscope.engine.kv.allocator import NULL_BLOCK, PrefixMatch
+from kvscope.engine.kv.block import Block
+from kvscope.engine.kv.layout import KVLayout
 
 
 class PrefixIndex:

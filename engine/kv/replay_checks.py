@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from engine.kv.events import (
+from kvscope.engine.kv.events import (
     BlockCopiedOnWrite,
     BlockEvicted,
     BlocksAllocated,
@@ -30,8 +30,8 @@ from engine.kv.events import (
     SequencePreempted,
     StepProgress,
 )
-from engine.kv.snapshot import BlockState
-from engine.kv.telemetry import NULL, PoolTelemetry, SequenceTrack
+from kvscope.engine.kv.snapshot import BlockState
+from kvscope.engine.kv.telemetry import NULL, PoolTelemetry, SequenceTrack
 
 # Table entries all sequences together may hold: a sliding group's table keeps a NULL for each
 # block it gave back, so a one-line cache hit with a large `start` would otherwise cost 8 bytes

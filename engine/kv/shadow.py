@@ -14,9 +14,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from engine.kv.allocator import PrefixMatch
-from engine.kv.contiguous import ContiguousBlockManager
-from engine.kv.events import (
+from kvscope.engine.kv.allocator import PrefixMatch
+from kvscope.engine.kv.contiguous import ContiguousBlockManager
+from kvscope.engine.kv.events import (
     EventLog,
     KVEvent,
     SequenceAdded,
@@ -26,8 +26,8 @@ from engine.kv.events import (
     SequencePreempted,
     StepProgress,
 )
-from engine.kv.snapshot import KVSnapshot
-from engine.kv.telemetry import PoolTelemetry
+from kvscope.engine.kv.snapshot import KVSnapshot
+from kvscope.engine.kv.telemetry import PoolTelemetry
 
 _NO_MATCH = PrefixMatch([], [])
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from engine.kv.events import (
+from kvscope.engine.kv.events import (
     BlockCopiedOnWrite,
     BlockEvicted,
     BlocksAllocated,
@@ -31,7 +31,7 @@ from engine.kv.events import (
     SequencePreempted,
     StepProgress,
 )
-from engine.kv.snapshot import BlockState, KVSnapshot, PoolMetrics, SequenceInfo, free_runs
+from kvscope.engine.kv.snapshot import BlockState, KVSnapshot, PoolMetrics, SequenceInfo, free_runs
 
 NULL = -1  # a table entry a sliding group gave back (engine.kv.allocator.NULL_BLOCK)
 

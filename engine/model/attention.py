@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
+from kvscope import kernels
 
 
 @dataclass

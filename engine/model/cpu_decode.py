@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
-from engine.model.attention import AttentionMetadata
-from engine.model.linear import Linear, SplitLinear
-from engine.model.parallel_choice import ParallelChoice
-from engine.quant.cpu_layout import CpuQuantLinear
-from kernels import cpu_decode, cpu_gemv
+from kvscope.engine.model.attention import AttentionMetadata
+from kvscope.engine.model.linear import Linear, SplitLinear
+from kvscope.engine.model.parallel_choice import ParallelChoice
+from kvscope.engine.quant.cpu_layout import CpuQuantLinear
+from kvscope.kernels import cpu_decode, cpu_gemv
 
 # Decode rows the fused path takes (the engine's default max_num_seqs). Its int8 matmuls cost
 # about linearly in the rows, yet beat the torch path's float32 GEMM on dequantized weights
@@ -45,8 +45,8 @@ MAX_ROWS = 64
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from engine.kv.kv_cache import KVCache
-    from engine.model.fusable import FusableLayer, FusableModel
+    from kvscope.engine.kv.kv_cache import KVCache
+    from kvscope.engine.model.fusable import FusableLayer, FusableModel
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from engine.model.linear import Linear, SplitLinear
-    from engine.model.model_config import ModelConfig
-    from engine.model.rope import RotaryEmbedding
+    from kvscope.engine.model.linear import Linear, SplitLinear
+    from kvscope.engine.model.model_config import ModelConfig
+    from kvscope.engine.model.rope import RotaryEmbedding
 
 
 class FusableLayer(Protocol):

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.model.llama import DecoderLayer, LlamaModel
-from engine.model.model_config import ModelConfig
-from engine.model.rope import RotaryEmbedding
+from kvscope.engine.model.llama import DecoderLayer, LlamaModel
+from kvscope.engine.model.model_config import ModelConfig
+from kvscope.engine.model.rope import RotaryEmbedding
 
 GELU_TANH = "gelu_pytorch_tanh"
 

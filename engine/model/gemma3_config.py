@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.model.model_config import FULL, SLIDING
+from kvscope.engine.model.model_config import FULL, SLIDING
 
 HF_ARCHITECTURE = "Gemma3ForCausalLM"
 SLIDING_WINDOW_PATTERN = 6  # every 6th layer is full, the other 5 slide

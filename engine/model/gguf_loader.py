@@ -16,19 +16,19 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from transformers import AutoTokenizer
 
-from engine.model import gemma3_config
-from engine.model.chat_templates import builtin_chat_template, ensure_chat_template
-from engine.model.config_limits import check_layer_count, check_sizes
-from engine.model.gguf_file import GGUFFile, GGUFTensor, read_gguf
-from engine.model.gguf_identity import name_fields
-from engine.model.gguf_rope import gguf_rope_scaling
-from engine.model.loaded_model import LoadedModel, check_weights, turn_end_token_ids
-from engine.model.model_config import ModelConfig
-from engine.model.remote_code import refuse_remote_code
-from engine.model.tokenizer_cache import cached_tokenizer
-from engine.model.weight_source import Weight, finish, read_exact
-from engine.model_too_large import ModelTooLargeError
-from engine.quant.gguf_blocks import (
+from kvscope.engine.model import gemma3_config
+from kvscope.engine.model.chat_templates import builtin_chat_template, ensure_chat_template
+from kvscope.engine.model.config_limits import check_layer_count, check_sizes
+from kvscope.engine.model.gguf_file import GGUFFile, GGUFTensor, read_gguf
+from kvscope.engine.model.gguf_identity import name_fields
+from kvscope.engine.model.gguf_rope import gguf_rope_scaling
+from kvscope.engine.model.loaded_model import LoadedModel, check_weights, turn_end_token_ids
+from kvscope.engine.model.model_config import ModelConfig
+from kvscope.engine.model.remote_code import refuse_remote_code
+from kvscope.engine.model.tokenizer_cache import cached_tokenizer
+from kvscope.engine.model.weight_source import Weight, finish, read_exact
+from kvscope.engine.model_too_large import ModelTooLargeError
+from kvscope.engine.quant.gguf_blocks import (
     DENSE_TYPES,
     SUPPORTED_QUANT_TYPES,
     Q,
@@ -36,7 +36,7 @@ from engine.quant.gguf_blocks import (
     decode_blocks,
     to_quantized_tensor,
 )
-from kernels.quant_format import QuantizedTensor
+from kvscope.kernels.quant_format import QuantizedTensor
 
 # llama.cpp writes Mistral checkpoints as "llama"; Qwen2/Qwen3 keep their own name.
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")

@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.model.gguf_file import read_gguf
-from engine.model.gguf_identity import name_fields, quantization_label
-from engine.model.gguf_loader import GGUFSource, gguf_config
+from kvscope.engine.model.gguf_file import read_gguf
+from kvscope.engine.model.gguf_identity import name_fields, quantization_label
+from kvscope.engine.model.gguf_loader import GGUFSource, gguf_config
 
 
 @dataclass(frozen=True)

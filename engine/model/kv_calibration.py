@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv.kv_cache import KVCache
-from engine.model.attention import AttentionMetadata
-from engine.model.llama import LlamaModel
+from kvscope.engine.kv.kv_cache import KVCache
+from kvscope.engine.model.attention import AttentionMetadata
+from kvscope.engine.model.llama import LlamaModel
 
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
 HEADROOM = 4.0

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import kernels
-from engine.quant.cpu_layout import CpuQuantLinear, cpu_layout
-from kernels.quant_format import QuantizedTensor, cat_rows, quantized_matmul_torch
+from kvscope import kernels
+from kvscope.engine.quant.cpu_layout import CpuQuantLinear, cpu_layout
+from kvscope.kernels.quant_format import QuantizedTensor, cat_rows, quantized_matmul_torch
 
 Weight = torch.Tensor | QuantizedTensor
 

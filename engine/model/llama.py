@@ -17,13 +17,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
-from engine.kv.kv_cache import KVCache
-from engine.model.attention import AttentionMetadata, paged_attention
-from engine.model.cpu_decode import FusedCpuDecode
-from engine.model.linear import Embedding, Linear, SplitLinear, fused, place
-from engine.model.model_config import ModelConfig
-from engine.model.rope import RotaryEmbedding, apply_rotary
-from engine.model.weight_source import WeightSource
+from kvscope.engine.kv.kv_cache import KVCache
+from kvscope.engine.model.attention import AttentionMetadata, paged_attention
+from kvscope.engine.model.cpu_decode import FusedCpuDecode
+from kvscope.engine.model.linear import Embedding, Linear, SplitLinear, fused, place
+from kvscope.engine.model.model_config import ModelConfig
+from kvscope.engine.model.rope import RotaryEmbedding, apply_rotary
+from kvscope.engine.model.weight_source import WeightSource
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.model.model_config import ModelConfig
-from engine.model.weight_source import WeightSource, materialize
+from kvscope.engine.model.model_config import ModelConfig
+from kvscope.engine.model.weight_source import WeightSource, materialize
 
 # Chat templates end a turn with one of these; generation must stop there even when the file's
 # own eos token is a different one (e.g. <|end_of_text|> in Llama 3 files).

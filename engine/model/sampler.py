@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from kvscope.engine.sampling_params import SamplingParams
 
 # Top-k / top-p look at the best few candidates before sorting a whole row: on a 2-core CPU a
 # full sort of a 49k vocabulary costs ~2 ms a row, topk(64) a twentieth of that, and most nuclei

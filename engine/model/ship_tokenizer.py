@@ -1,5 +1,6 @@
-"""Writing the converted tokenizers the package ships (`python -m engine.model.ship_tokenizer
---write`, run by `make setup` and the installer build) into engine/model/shipped_tokenizers/.
+"""Writing the converted tokenizers the package ships
+(`python -m kvscope.engine.model.ship_tokenizer --write`, run by `make setup` and the installer
+build) into engine/model/shipped_tokenizers/.
 
 Apart from engine/model/tokenizer_cache.py, which reads them: converting needs the GGUF loader,
 and the loader needs the cache, so the writer sits above both.
@@ -13,10 +14,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from engine.model import tokenizer_cache
-from engine.model.gguf_file import read_gguf
-from engine.model.gguf_loader import convert_tokenizer
-from engine.model.tokenizer_cache import MANIFEST, content_key, store_entry
+from kvscope.engine.model import tokenizer_cache
+from kvscope.engine.model.gguf_file import read_gguf
+from kvscope.engine.model.gguf_loader import convert_tokenizer
+from kvscope.engine.model.tokenizer_cache import MANIFEST, content_key, store_entry
 
 
 def write_shipped(gguf_path: Path, root: Path | None = None) -> Path:
@@ -49,14 +50,14 @@ def _source_of(entry: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m engine.model.ship_tokenizer",
+        prog="python -m kvscope.engine.model.ship_tokenizer",
         description="Write the converted tokenizers the package ships (make setup runs this).",
     )
     parser.add_argument("--write", action="store_true", required=True)
     parser.add_argument("gguf", nargs="*", type=Path, help="GGUF files (default: the bundled one)")
     args = parser.parse_args(argv)
     if not args.gguf:
-        from engine.model.loader import default_model_path
+        from kvscope.engine.model.loader import default_model_path
 
         args.gguf = [default_model_path()]
     for path in args.gguf:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from string import Formatter
 
-from engine.model.template_budget import MAX_INT_BITS, Budget, text_size
+from kvscope.engine.model.template_budget import MAX_INT_BITS, Budget, text_size
 
 
 def _arg(args: list, kwargs: dict, index: int, name: str, default=None):

@@ -27,8 +27,8 @@ from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import _PassArg, generate_lorem_ipsum
 
-from engine.model.template_budget import current
-from engine.model.template_checks import (
+from kvscope.engine.model.template_budget import current
+from kvscope.engine.model.template_checks import (
     FILTER_CHECKS,
     METHOD_CHECKS,
     check_binop,

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from jinja2 import Template
 from jinja2.exceptions import TemplateError, TemplateSyntaxError
 
-from engine.model.template_budget import (
+from kvscope.engine.model.template_budget import (
     Budget,
     TemplateBudgetError,
     TemplateRenderError,
 )
-from engine.model.template_env import BoundedEnvironment
+from kvscope.engine.model.template_env import BoundedEnvironment
 
 __all__ = [
     "Budget",

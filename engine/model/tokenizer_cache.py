@@ -5,12 +5,13 @@ takes several seconds for a 49k vocabulary (4 s of a first launch on the 2-core 
 loading the saved result takes a fraction of one.
 
 Two places are looked in, in order:
-- shipped: entries written at build time (`python -m engine.model.ship_tokenizer --write`, run
-  by `make setup` and the installer build) into this package's `shipped_tokenizers/`. They are
-  keyed by the GGUF's tokenizer content (its `tokenizer.*` metadata and architecture) and the
-  transformers version, not by path or mtime: the install path differs from the build's. A
-  missing, stale (other content or transformers version) or damaged shipped entry is passed
-  over, never an error: the user cache and then a conversion follow.
+- shipped: entries written at build time (`python -m kvscope.engine.model.ship_tokenizer
+  --write`, run by `make setup` and the installer build) into this package's
+  `shipped_tokenizers/`. They are keyed by the GGUF's tokenizer content (its `tokenizer.*`
+  metadata and architecture) and the transformers version, not by path or mtime: the install
+  path differs from the build's. A missing, stale (other content or transformers version) or
+  damaged shipped entry is passed over, never an error: the user cache and then a conversion
+  follow.
 - the user cache: keyed by the GGUF file's path, size and mtime, so an edited or replaced file
   misses; written after every conversion.
 Generated, not committed: the files are ~2 MB of JSON per model and tied to the transformers

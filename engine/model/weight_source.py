@@ -24,8 +24,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from engine.quant.rtn import GROUP_SIZE, quantize_rtn
-from kernels.quant_format import DEQUANT_CHUNK_ELEMENTS, QuantizedTensor
+from kvscope.engine.quant.rtn import GROUP_SIZE, quantize_rtn
+from kvscope.kernels.quant_format import DEQUANT_CHUNK_ELEMENTS, QuantizedTensor
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 RTN_GROUP_SIZES = (GROUP_SIZE, 64, 32)  # 128 where in_features allow it, smaller for tiny models

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quant.packed_readers import codes_of, group_scales_of
-from kernels import cpu_gemv
-from kernels.quant_format import QuantizedTensor
+from kvscope.engine.quant.packed_readers import codes_of, group_scales_of
+from kvscope.kernels import cpu_gemv
+from kvscope.kernels.quant_format import QuantizedTensor
 
 
 def gemv_layout(w: QuantizedTensor) -> cpu_gemv.QuantizedCodesT:

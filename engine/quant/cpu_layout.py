@@ -77,10 +77,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.quant.cpu_gemv_layout import gemv_layout
-from engine.quant.packed_readers import codes_of, group_scales_of
-from kernels import cpu_gemv
-from kernels.quant_format import QuantizedTensor
+from kvscope.engine.quant.cpu_gemv_layout import gemv_layout
+from kvscope.engine.quant.packed_readers import codes_of, group_scales_of
+from kvscope.kernels import cpu_gemv
+from kvscope.kernels.quant_format import QuantizedTensor
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 TILE_N = 64  # rows are padded to this: a multiple of every kernel tile width below

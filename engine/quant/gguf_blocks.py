@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from kernels.quant_format import QuantizedTensor
+from kvscope.kernels.quant_format import QuantizedTensor
 
 Q = GGMLQuantizationType
 QK_K = 256

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.quant_format import QuantizedTensor
+from kvscope.kernels.quant_format import QuantizedTensor
 
 
 def codes_of(w: QuantizedTensor, rows: slice) -> np.ndarray:

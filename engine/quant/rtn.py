@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.quant_format import QuantizedTensor
+from kvscope.kernels.quant_format import QuantizedTensor
 
 GROUP_SIZE = 128
 ROW_CHUNK_ELEMENTS = 1 << 24  # float32 scratch per step: 64 MiB

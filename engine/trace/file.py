@@ -10,10 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.kv.events import event_from_json, is_trace_line, read_numbered_events
-from engine.kv.session_json import load_json, numbered_lines, shown
-from engine.trace.log import Trace
-from engine.trace.records import TRACE_TYPES, TracedFinish, TracedRequest, TracedStep, TraceSettings
+from kvscope.engine.kv.events import event_from_json, is_trace_line, read_numbered_events
+from kvscope.engine.kv.session_json import load_json, numbered_lines, shown
+from kvscope.engine.trace.log import Trace
+from kvscope.engine.trace.records import (
+    TRACE_TYPES,
+    TracedFinish,
+    TracedRequest,
+    TracedStep,
+    TraceSettings,
+)
 
 MAX_REQUESTS = 200_000
 MAX_STEPS = 2_000_000

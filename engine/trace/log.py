@@ -15,8 +15,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.kv.events import KVEvent
-from engine.trace.records import (
+from kvscope.engine.kv.events import KVEvent
+from kvscope.engine.trace.records import (
     PoolCounts,
     StepShape,
     TracedFinish,

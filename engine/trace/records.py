@@ -17,7 +17,7 @@ from array import array
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
 
-from engine.kv.events import TRACE_KIND_PREFIX, KVEvent
+from kvscope.engine.kv.events import TRACE_KIND_PREFIX, KVEvent
 
 MAX_TOKEN_ID = (1 << 31) - 1  # ids are kept as int32 (no vocabulary comes near)
 

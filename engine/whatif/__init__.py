@@ -4,12 +4,12 @@
 scheduler and allocator (engine.whatif.sim_engine) and times the steps with a cost model fitted
 to the trace (engine.whatif.cost_model); `sweep` runs a grid of them."""
 
-from engine.whatif.cost_model import CostModel
-from engine.whatif.pool_at import CHECKPOINT_STEPS, PoolSeeker
-from engine.whatif.settings import SimConfig, WhatIf, cost_caveat, recorded_config, resolve
-from engine.whatif.simulate import SimResult, simulate
-from engine.whatif.summary import RequestOutcome, SimSummary, recorded_summary
-from engine.whatif.sweep import KNOBS, SweepPoint, grid, sweep
+from kvscope.engine.whatif.cost_model import CostModel
+from kvscope.engine.whatif.pool_at import CHECKPOINT_STEPS, PoolSeeker
+from kvscope.engine.whatif.settings import SimConfig, WhatIf, cost_caveat, recorded_config, resolve
+from kvscope.engine.whatif.simulate import SimResult, simulate
+from kvscope.engine.whatif.summary import RequestOutcome, SimSummary, recorded_summary
+from kvscope.engine.whatif.sweep import KNOBS, SweepPoint, grid, sweep
 
 __all__ = [
     "CHECKPOINT_STEPS",

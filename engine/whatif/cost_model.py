@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.trace.records import StepShape, TracedStep
+from kvscope.engine.trace.records import StepShape, TracedStep
 
 TERMS = (
     "fixed",

@@ -13,10 +13,10 @@ from __future__ import annotations
 import bisect
 import copy
 
-from engine.kv.events import KVEvent
-from engine.kv.snapshot import KVSnapshot
-from engine.kv.telemetry import PoolTelemetry
-from engine.whatif.settings import SimConfig
+from kvscope.engine.kv.events import KVEvent
+from kvscope.engine.kv.snapshot import KVSnapshot
+from kvscope.engine.kv.telemetry import PoolTelemetry
+from kvscope.engine.whatif.settings import SimConfig
 
 CHECKPOINT_STEPS = 200  # a move replays at most this many steps of events
 

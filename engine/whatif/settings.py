@@ -12,11 +12,11 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from engine.byte_units import format_binary, parse_bytes
-from engine.config import ALLOCATORS, BLOCK_SIZES
-from engine.kv.kv_cache import KVCache
-from engine.kv.layout import KVLayout
-from engine.trace.records import TraceSettings
+from kvscope.engine.byte_units import format_binary, parse_bytes
+from kvscope.engine.config import ALLOCATORS, BLOCK_SIZES
+from kvscope.engine.kv.kv_cache import KVCache
+from kvscope.engine.kv.layout import KVLayout
+from kvscope.engine.trace.records import TraceSettings
 
 # What `kv_dtype` takes: as recorded, or a KV cache of this element type.
 KV_DTYPES = {

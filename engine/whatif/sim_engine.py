@@ -14,14 +14,14 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.model.sampler import SampleResult
-from engine.pool_parts import build_pool
-from engine.scheduler import ScheduledBatch
-from engine.sequence import Request, Sequence
-from engine.trace import TraceLog, TraceSettings
-from engine.whatif.settings import SimConfig
+from kvscope.engine.config import EngineConfig
+from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine.model.sampler import SampleResult
+from kvscope.engine.pool_parts import build_pool
+from kvscope.engine.scheduler import ScheduledBatch
+from kvscope.engine.sequence import Request, Sequence
+from kvscope.engine.trace import TraceLog, TraceSettings
+from kvscope.engine.whatif.settings import SimConfig
 
 
 class _NoText:

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch
-from engine.sequence import Sequence
-from engine.trace import Trace, TracedRequest, TracedStep
-from engine.trace.records import StepShape
-from engine.whatif.cost_model import CostModel
-from engine.whatif.settings import SimConfig, WhatIf, resolve
-from engine.whatif.sim_engine import RecordedRunner, SimEngine
-from engine.whatif.summary import RequestOutcome, SimSummary, summarize
+from kvscope.engine.sampling_params import SamplingParams
+from kvscope.engine.scheduler import ScheduledBatch
+from kvscope.engine.sequence import Sequence
+from kvscope.engine.trace import Trace, TracedRequest, TracedStep
+from kvscope.engine.trace.records import StepShape
+from kvscope.engine.whatif.cost_model import CostModel
+from kvscope.engine.whatif.settings import SimConfig, WhatIf, resolve
+from kvscope.engine.whatif.sim_engine import RecordedRunner, SimEngine
+from kvscope.engine.whatif.summary import RequestOutcome, SimSummary, summarize
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from engine.trace import Trace, TracedFinish, TracedStep
+from kvscope.engine.trace import Trace, TracedFinish, TracedStep
 
 
 @dataclass(frozen=True)

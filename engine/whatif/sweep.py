@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields
 
-from engine.trace import Trace
-from engine.whatif.cost_model import CostModel
-from engine.whatif.settings import WhatIf
-from engine.whatif.simulate import simulate
-from engine.whatif.summary import SimSummary
+from kvscope.engine.trace import Trace
+from kvscope.engine.whatif.cost_model import CostModel
+from kvscope.engine.whatif.settings import WhatIf
+from kvscope.engine.whatif.simulate import simulate
+from kvscope.engine.whatif.summary import SimSummary
 
 KNOBS = tuple(f.name for f in fields(WhatIf))
 

@@ -17,9 +17,9 @@ from report import SCREEN_SIZES, plot, rss_summary, worst_stall, write_json
 from scenarios import Scenarios, Sizes
 from user import DriveTimeout, User
 
-from app.desktop.launch import set_app_icon
-from app.desktop.settings_dialog import SettingsDialog
-from app.desktop.window import MainWindow
+from kvscope.app.desktop.launch import set_app_icon
+from kvscope.app.desktop.settings_dialog import SettingsDialog
+from kvscope.app.desktop.window import MainWindow
 
 STATUS_POLL_MS = 250
 STARTUP_TIMEOUT_S = 900  # a cold first launch converts the tokenizer and compiles the kernels

@@ -112,7 +112,7 @@ def other_model(kind: str, out: Path) -> str | None:
         from tiny_models import make_quant_gguf
 
         return str(make_quant_gguf(out / "tiny-q8.gguf", "Q8_0"))
-    from engine.bench.synthetic_gguf import Shape, ensure_synthetic_gguf
+    from kvscope.engine.bench.synthetic_gguf import Shape, ensure_synthetic_gguf
 
     return str(ensure_synthetic_gguf(Shape(*OTHER_SHAPE), MODEL_CACHE))
 

@@ -1,5 +1,5 @@
 """The block map: the engine's physical KV block pool drawn live, next to the naive allocator."""
 
-from app.desktop.blockmap.panel import BlockMapPanel
+from kvscope.app.desktop.blockmap.panel import BlockMapPanel
 
 __all__ = ["BlockMapPanel"]

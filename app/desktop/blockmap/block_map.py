@@ -18,10 +18,10 @@ import pyqtgraph as pg
 from PySide6.QtCore import QPoint, QPointF, QRectF, Qt, Signal
 from PySide6.QtWidgets import QLabel, QWidget
 
-from app.desktop.blockmap import colors, raster
-from app.desktop.palette import Palette, current
-from app.desktop.theme import theme_keeper
-from engine.kv.snapshot import KVSnapshot
+from kvscope.app.desktop.blockmap import colors, raster
+from kvscope.app.desktop.palette import Palette, current
+from kvscope.app.desktop.theme import theme_keeper
+from kvscope.engine.kv.snapshot import KVSnapshot
 
 
 def hover_style(p: Palette) -> str:

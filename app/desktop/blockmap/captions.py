@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.desktop.blockmap import colors
-from app.desktop.blockmap.kv_groups import groups_text
-from app.desktop.blockmap.metrics_strip import held_share, useful_share
-from app.desktop.palette import current
-from engine.kv.snapshot import BlockState, KVSnapshot
+from kvscope.app.desktop.blockmap import colors
+from kvscope.app.desktop.blockmap.kv_groups import groups_text
+from kvscope.app.desktop.blockmap.metrics_strip import held_share, useful_share
+from kvscope.app.desktop.palette import current
+from kvscope.engine.kv.snapshot import BlockState, KVSnapshot
 
 
 def _pct(x: float) -> str:

@@ -156,7 +156,7 @@ MAP_COLORS = {"dark": DARK_MAP, "light": LIGHT_MAP}
 
 def active() -> MapColors:
     """The map colours of the theme on show (app/desktop/palette.py)."""
-    from app.desktop.palette import current
+    from kvscope.app.desktop.palette import current
 
     return MAP_COLORS[current().name]
 

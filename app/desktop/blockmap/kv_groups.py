@@ -6,7 +6,7 @@ moves on, so while a long reply streams its count stays flat and the released co
 
 from __future__ import annotations
 
-from engine.kv.snapshot import KVSnapshot
+from kvscope.engine.kv.snapshot import KVSnapshot
 
 
 def has_windows(s: KVSnapshot) -> bool:

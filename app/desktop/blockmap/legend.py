@@ -25,11 +25,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop.blockmap import colors, raster
-from app.desktop.blockmap.glossary import TERMS
-from app.desktop.palette import Palette
-from app.desktop.theme import follow_theme
-from engine.kv.snapshot import BlockState, KVSnapshot, PoolMetrics, SequenceInfo
+from kvscope.app.desktop.blockmap import colors, raster
+from kvscope.app.desktop.blockmap.glossary import TERMS
+from kvscope.app.desktop.palette import Palette
+from kvscope.app.desktop.theme import follow_theme
+from kvscope.engine.kv.snapshot import BlockState, KVSnapshot, PoolMetrics, SequenceInfo
 
 
 def list_style(p: Palette) -> str:

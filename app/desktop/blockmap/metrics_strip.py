@@ -8,12 +8,12 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextDocumentFragment
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from app.desktop.blockmap import colors
-from app.desktop.blockmap.glossary import explain
-from app.desktop.blockmap.traffic import Memory
-from app.desktop.palette import DARK, Palette, current
-from app.desktop.theme import follow_theme
-from engine.kv.snapshot import KVSnapshot, PoolMetrics
+from kvscope.app.desktop.blockmap import colors
+from kvscope.app.desktop.blockmap.glossary import explain
+from kvscope.app.desktop.blockmap.traffic import Memory
+from kvscope.app.desktop.palette import DARK, Palette, current
+from kvscope.app.desktop.theme import follow_theme
+from kvscope.engine.kv.snapshot import KVSnapshot, PoolMetrics
 
 
 def tile_style(p: Palette) -> str:

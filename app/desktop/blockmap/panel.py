@@ -16,21 +16,21 @@ from collections.abc import Callable
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
-from app.core.pool_fit import naive_warning
-from app.core.request_ids import group_of
-from app.desktop.blockmap import colors
-from app.desktop.blockmap.block_map import BlockMapView
-from app.desktop.blockmap.caption_label import CaptionLabel
-from app.desktop.blockmap.captions import paged_caption, selection_caption, shadow_caption
-from app.desktop.blockmap.glossary import explain
-from app.desktop.blockmap.legend import GroupLegend, StateKey
-from app.desktop.blockmap.metrics_strip import MetricsStrip, held_share, useful_share
-from app.desktop.blockmap.time_plots import TimePlots
-from app.desktop.blockmap.tooltip import describe_block
-from app.desktop.blockmap.traffic import TrafficCounter, read_memory
-from app.desktop.palette import DARK, Palette, current
-from app.desktop.theme import follow_theme
-from engine.kv.snapshot import BlockState, KVSnapshot, SequenceInfo
+from kvscope.app.core.pool_fit import naive_warning
+from kvscope.app.core.request_ids import group_of
+from kvscope.app.desktop.blockmap import colors
+from kvscope.app.desktop.blockmap.block_map import BlockMapView
+from kvscope.app.desktop.blockmap.caption_label import CaptionLabel
+from kvscope.app.desktop.blockmap.captions import paged_caption, selection_caption, shadow_caption
+from kvscope.app.desktop.blockmap.glossary import explain
+from kvscope.app.desktop.blockmap.legend import GroupLegend, StateKey
+from kvscope.app.desktop.blockmap.metrics_strip import MetricsStrip, held_share, useful_share
+from kvscope.app.desktop.blockmap.time_plots import TimePlots
+from kvscope.app.desktop.blockmap.tooltip import describe_block
+from kvscope.app.desktop.blockmap.traffic import TrafficCounter, read_memory
+from kvscope.app.desktop.palette import DARK, Palette, current
+from kvscope.app.desktop.theme import follow_theme
+from kvscope.engine.kv.snapshot import BlockState, KVSnapshot, SequenceInfo
 
 
 def panel_style(p: Palette) -> str:

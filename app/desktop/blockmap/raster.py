@@ -21,9 +21,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from app.core.request_ids import group_of
-from app.desktop.blockmap import colors
-from engine.kv.snapshot import BlockState, KVSnapshot
+from kvscope.app.core.request_ids import group_of
+from kvscope.app.desktop.blockmap import colors
+from kvscope.engine.kv.snapshot import BlockState, KVSnapshot
 
 MAX_CELL_PX = 24
 SHADE = 0.72  # the empty part of a held block: its colour moved this far toward the background

@@ -9,10 +9,10 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
 
-from app.desktop.blockmap import colors
-from app.desktop.blockmap.plot_title import style_rolling_plot
-from app.desktop.palette import Palette, current
-from app.desktop.theme import follow_theme
+from kvscope.app.desktop.blockmap import colors
+from kvscope.app.desktop.blockmap.plot_title import style_rolling_plot
+from kvscope.app.desktop.palette import Palette, current
+from kvscope.app.desktop.theme import follow_theme
 
 WINDOW_S = 120.0
 REDRAW_S = 0.5  # samples come ~10 times a second; a two-minute plot needs far fewer redraws

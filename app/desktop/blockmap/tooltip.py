@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from html import escape
 
-from app.core.request_ids import LOAD_PREFIX, conversation_of_group, group_of
-from app.desktop.blockmap import colors
-from app.desktop.blockmap.kv_groups import group_name, has_windows
-from app.desktop.palette import current
-from engine.kv.snapshot import BlockState, KVSnapshot
+from kvscope.app.core.request_ids import LOAD_PREFIX, conversation_of_group, group_of
+from kvscope.app.desktop.blockmap import colors
+from kvscope.app.desktop.blockmap.kv_groups import group_name, has_windows
+from kvscope.app.desktop.palette import current
+from kvscope.engine.kv.snapshot import BlockState, KVSnapshot
 
 MAX_TEXT_CHARS = 240
 STATE_NAMES = {

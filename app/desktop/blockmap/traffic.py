@@ -17,7 +17,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-from engine.kv.snapshot import KVSnapshot
+from kvscope.engine.kv.snapshot import KVSnapshot
 
 GIB = 1 << 30
 MIN_RATE_STEPS = 4  # the rate window spans at least this many snapshot changes

@@ -24,8 +24,8 @@ from PySide6.QtGui import (
     QTextFormat,
 )
 
-from app.desktop.chat.code_highlight import highlight
-from app.desktop.palette import DARK, Palette, current
+from kvscope.app.desktop.chat.code_highlight import highlight
+from kvscope.app.desktop.palette import DARK, Palette, current
 
 CODE_FAMILIES = ["DejaVu Sans Mono", "Menlo", "Consolas", "monospace"]
 # The dark theme's colours (app/desktop/palette.py has both themes'); a message takes the

@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextBlock, QTextBlockFormat, QTextCursor
 from PySide6.QtWidgets import QFrame, QTextBrowser, QWidget
 
-from app.desktop.chat.markdown import SafeDocument
+from kvscope.app.desktop.chat.markdown import SafeDocument
 
 CODE_PADDING = 6  # left and right, as the message's code lines have it
 

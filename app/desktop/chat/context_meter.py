@@ -14,7 +14,7 @@ from collections.abc import Callable
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QLabel, QWidget
 
-from app.core.engine_messages import ContextUsage
+from kvscope.app.core.engine_messages import ContextUsage
 
 COUNT_DEBOUNCE_MS = 300  # one count per pause in typing, not one per key
 NEAR_SHARE = 0.8  # warn once prompt + the reply's room take this share of the context

@@ -22,16 +22,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.chat_store import ChatStore
-from app.core.request_ids import conversation_group
-from app.desktop.blockmap.colors import group_hex
-from app.desktop.chat.export import (
+from kvscope.app.core.chat_store import ChatStore
+from kvscope.app.core.request_ids import conversation_group
+from kvscope.app.desktop.blockmap.colors import group_hex
+from kvscope.app.desktop.chat.export import (
     export_chat,
     export_folder,
     remember_export_folder,
     suggested_file_name,
 )
-from app.desktop.chat.markdown import plain_text
+from kvscope.app.desktop.chat.markdown import plain_text
 
 GENERATING_MARK = "● "
 

@@ -25,13 +25,13 @@ from PySide6.QtGui import (
     QTextFormat,
 )
 
-from app.desktop.chat.code_blocks import (
+from kvscope.app.desktop.chat.code_blocks import (
     CODE_FAMILIES,
     format_code_blocks,
     is_code_block,
     scan_fences,
 )
-from app.desktop.palette import DARK, current
+from kvscope.app.desktop.palette import DARK, current
 
 INLINE_CODE_BACKGROUND = QColor(DARK.inline_code)  # the dark theme's; current() at render
 

@@ -22,11 +22,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop.chat.code_blocks import CODE_LANGUAGE, CodeBlock, code_blocks
-from app.desktop.chat.code_scroller import CodeScroller
-from app.desktop.chat.markdown import SafeDocument, render_markdown
-from app.desktop.palette import Palette, current
-from app.desktop.theme import follow_theme
+from kvscope.app.desktop.chat.code_blocks import CODE_LANGUAGE, CodeBlock, code_blocks
+from kvscope.app.desktop.chat.code_scroller import CodeScroller
+from kvscope.app.desktop.chat.markdown import SafeDocument, render_markdown
+from kvscope.app.desktop.palette import Palette, current
+from kvscope.app.desktop.theme import follow_theme
 
 LINK_SCHEMES = ("http", "https")
 

@@ -9,8 +9,8 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFrame, QLabel, QToolButton, QVBoxLayout, QWidget
 
-from app.desktop.chat.header_flow import HeaderFlow
-from app.desktop.chat.markdown_view import MarkdownView
+from kvscope.app.desktop.chat.header_flow import HeaderFlow
+from kvscope.app.desktop.chat.markdown_view import MarkdownView
 
 
 def format_metrics(metrics: dict, selected: int = 0, samples: int = 1) -> str:

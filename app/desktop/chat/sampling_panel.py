@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.settings import SamplingSettings
+from kvscope.app.core.settings import SamplingSettings
 
 SEED_MAX = 2**31 - 1  # what a QSpinBox holds; the engine accepts more
 

@@ -3,7 +3,7 @@
 The window puts `RemoteView(window.connections)` in a tab beside the local block map and calls
 `add_connect_action(window, window.connections)` for Engine ▸ Connect…"""
 
-from app.desktop.remote_view.connect_dialog import ConnectDialog, add_connect_action
-from app.desktop.remote_view.view import RemoteView
+from kvscope.app.desktop.remote_view.connect_dialog import ConnectDialog, add_connect_action
+from kvscope.app.desktop.remote_view.view import RemoteView
 
 __all__ = ["ConnectDialog", "RemoteView", "add_connect_action"]

@@ -17,8 +17,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.remote.connection import Connection, ConnectionSpecError, parse_connection
-from app.remote.connections_qt import ConnectionList
+from kvscope.app.remote.connection import Connection, ConnectionSpecError, parse_connection
+from kvscope.app.remote.connections_qt import ConnectionList
 
 ERROR_STYLE = "color: #E8354F;"
 HELP = (
@@ -93,7 +93,7 @@ class ConnectDialog(QDialog):
 def add_connect_action(window: QMainWindow, connections: ConnectionList) -> QAction:
     """Put "Connect to a server…" in the window's Engine menu; accepting the dialog adds the
     connection to `connections` (which the remote view follows)."""
-    from app.desktop.window_menu import add_engine_actions
+    from kvscope.app.desktop.window_menu import add_engine_actions
 
     action = QAction("Connect…", window, objectName="connectAction")
     action.setToolTip("Follow a vLLM / SGLang / kvscope serve server's KV cache and metrics")

@@ -7,11 +7,11 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QWidget
 
-from app.desktop.blockmap import colors
-from app.desktop.blockmap.plot_title import style_rolling_plot
-from app.desktop.blockmap.time_plots import HEADROOM, WINDOW_S, restyle_plot
-from app.desktop.palette import Palette, current
-from app.desktop.theme import follow_theme
+from kvscope.app.desktop.blockmap import colors
+from kvscope.app.desktop.blockmap.plot_title import style_rolling_plot
+from kvscope.app.desktop.blockmap.time_plots import HEADROOM, WINDOW_S, restyle_plot
+from kvscope.app.desktop.palette import Palette, current
+from kvscope.app.desktop.theme import follow_theme
 
 PLOTS = (
     ("held", "Blocks held per replica (KV events) · seconds ago", 8.0),

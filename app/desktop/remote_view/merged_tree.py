@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app.remote.remote_cache import PrefixNode, RemoteCache
+from kvscope.app.remote.remote_cache import PrefixNode, RemoteCache
 
 
 @dataclass

@@ -6,7 +6,7 @@ Every tile says what it could not know ("—", "no requests in 10 s") rather tha
 
 from __future__ import annotations
 
-from app.remote.metrics_scrape import MetricsDelta, RemoteMetrics
+from kvscope.app.remote.metrics_scrape import MetricsDelta, RemoteMetrics
 
 RATE_WINDOW_S = 10.0
 TILES = (

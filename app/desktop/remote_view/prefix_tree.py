@@ -27,10 +27,10 @@ from PySide6.QtWidgets import (
     QTreeWidgetItem,
 )
 
-from app.desktop.blockmap.colors import themed_hex
-from app.desktop.palette import Palette, current
-from app.desktop.remote_view.merged_tree import TreeRun
-from app.desktop.theme import follow_theme
+from kvscope.app.desktop.blockmap.colors import themed_hex
+from kvscope.app.desktop.palette import Palette, current
+from kvscope.app.desktop.remote_view.merged_tree import TreeRun
+from kvscope.app.desktop.theme import follow_theme
 
 Detokenizer = Callable[[list[int]], str]
 RUN_ROLE = Qt.ItemDataRole.UserRole + 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 
-from app.remote.connection import Connection
+from kvscope.app.remote.connection import Connection
 
 TIMEOUT_S = 5.0
 

@@ -17,11 +17,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop.blockmap.metrics_strip import tile_style
-from app.desktop.palette import DARK, Palette
-from app.desktop.remote_view.metric_tiles import TILES, tile_texts
-from app.desktop.remote_view.status_line import SEVERITY_HEX, StatusLine
-from app.desktop.theme import follow_theme
+from kvscope.app.desktop.blockmap.metrics_strip import tile_style
+from kvscope.app.desktop.palette import DARK, Palette
+from kvscope.app.desktop.remote_view.metric_tiles import TILES, tile_texts
+from kvscope.app.desktop.remote_view.status_line import SEVERITY_HEX, StatusLine
+from kvscope.app.desktop.theme import follow_theme
 
 
 def card_style(p: Palette) -> str:

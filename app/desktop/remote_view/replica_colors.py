@@ -5,7 +5,7 @@ so two replicas never share a colour, and a replica keeps its colour while other
 
 from __future__ import annotations
 
-from app.desktop.blockmap.colors import PALETTE_HEX
+from kvscope.app.desktop.blockmap.colors import PALETTE_HEX
 
 
 class ReplicaColors:

@@ -27,10 +27,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop.blockmap.colors import themed_hex
-from app.desktop.palette import DARK, Palette, current
-from app.desktop.theme import follow_theme
-from app.remote.connection import Connection
+from kvscope.app.desktop.blockmap.colors import themed_hex
+from kvscope.app.desktop.palette import DARK, Palette, current
+from kvscope.app.desktop.theme import follow_theme
+from kvscope.app.remote.connection import Connection
 
 # tokenize(connection, model or None, chat messages) -> the token ids that server makes of them
 Tokenize = Callable[[Connection, str | None, list[dict]], list[int]]
@@ -53,7 +53,7 @@ def tokenize_over_http(
 ) -> list[int]:
     """POST /tokenize of the messages with the server's chat template: what a chat sends, so
     the blocks counted are the ones that chat's request would reuse."""
-    from app.remote.openai_http import OpenAIHttp
+    from kvscope.app.remote.openai_http import OpenAIHttp
 
     with OpenAIHttp(connection, timeout=10.0) as http:
         if model is None:

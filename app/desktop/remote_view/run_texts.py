@@ -16,9 +16,9 @@ import httpx
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QTextBrowser
 
-from app.desktop.remote_view.merged_tree import TreeRun
-from app.desktop.remote_view.prefix_tree import PrefixTreeView
-from app.desktop.remote_view.remote_text import detokenize_over_http
+from kvscope.app.desktop.remote_view.merged_tree import TreeRun
+from kvscope.app.desktop.remote_view.prefix_tree import PrefixTreeView
+from kvscope.app.desktop.remote_view.remote_text import detokenize_over_http
 
 DETAIL_CHARS = 20_000
 DECODED_CACHE = 256  # runs whose server text is kept

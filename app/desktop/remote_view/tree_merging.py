@@ -13,7 +13,7 @@ from html import escape
 
 from PySide6.QtCore import QObject, Signal
 
-from app.desktop.remote_view.merged_tree import TreeRun, count_runs, merge_trees
+from kvscope.app.desktop.remote_view.merged_tree import TreeRun, count_runs, merge_trees
 
 TREE_MIN_S = 1.0  # the tree is redrawn at most this often while the caches keep changing
 

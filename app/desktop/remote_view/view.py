@@ -38,19 +38,24 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop.remote_view.held_plot import HeldPlots, rate_series, scrape_series, step_series
-from app.desktop.remote_view.merged_tree import TreeRun
-from app.desktop.remote_view.metric_tiles import TILES
-from app.desktop.remote_view.prefix_tree import Detokenizer, PrefixTreeView
-from app.desktop.remote_view.replica_card import ReplicaCard
-from app.desktop.remote_view.replica_colors import ReplicaColors
-from app.desktop.remote_view.routing_box import RoutingBox, Tokenize
-from app.desktop.remote_view.run_texts import RunTexts
-from app.desktop.remote_view.status_line import BAD, StatusLine, status_line
-from app.desktop.remote_view.tree_merging import MergeBridge, TreeMerging
-from app.desktop.remote_view.view_style import style_view
-from app.remote.connection import Connection
-from app.remote.connections_qt import ConnectionList
+from kvscope.app.desktop.remote_view.held_plot import (
+    HeldPlots,
+    rate_series,
+    scrape_series,
+    step_series,
+)
+from kvscope.app.desktop.remote_view.merged_tree import TreeRun
+from kvscope.app.desktop.remote_view.metric_tiles import TILES
+from kvscope.app.desktop.remote_view.prefix_tree import Detokenizer, PrefixTreeView
+from kvscope.app.desktop.remote_view.replica_card import ReplicaCard
+from kvscope.app.desktop.remote_view.replica_colors import ReplicaColors
+from kvscope.app.desktop.remote_view.routing_box import RoutingBox, Tokenize
+from kvscope.app.desktop.remote_view.run_texts import RunTexts
+from kvscope.app.desktop.remote_view.status_line import BAD, StatusLine, status_line
+from kvscope.app.desktop.remote_view.tree_merging import MergeBridge, TreeMerging
+from kvscope.app.desktop.remote_view.view_style import style_view
+from kvscope.app.remote.connection import Connection
+from kvscope.app.remote.connections_qt import ConnectionList
 
 POLL_MS = 250
 MAX_CARDS_SHOWN = 2
@@ -71,7 +76,7 @@ MonitorFactory = Callable[[Connection], object]
 
 
 def _default_monitor(connection: Connection):
-    from app.remote.monitor import ReplicaMonitor
+    from kvscope.app.remote.monitor import ReplicaMonitor
 
     monitor = ReplicaMonitor(connection)
     monitor.start()
@@ -373,7 +378,7 @@ class RemoteView(TreeMerging, QWidget):
         return {s.connection.label: (s.connection, s.model) for s in self.snapshots}
 
     def _predict(self, prompt_token_ids: dict[str, list[int]]) -> list:
-        from app.remote.routing import predict_hits
+        from kvscope.app.remote.routing import predict_hits
 
         live = {s.connection.label: s for s in self.snapshots}
         caches = {label: s.cache for label, s in live.items()}

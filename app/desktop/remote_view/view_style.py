@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QWidget
 
-from app.desktop.palette import DARK, Palette
-from app.desktop.theme import follow_theme
+from kvscope.app.desktop.palette import DARK, Palette
+from kvscope.app.desktop.theme import follow_theme
 
 
 def view_style(p: Palette) -> str:

@@ -1,7 +1,7 @@
 """The What-if tab: this engine's own traffic replayed under other settings (engine.whatif),
 recorded and what-if side by side on block maps, plots over time, figures and sweeps."""
 
-from app.desktop.whatif.panel import WhatIfPanel
-from app.desktop.whatif.tab import WhatIfTab
+from kvscope.app.desktop.whatif.panel import WhatIfPanel
+from kvscope.app.desktop.whatif.tab import WhatIfTab
 
 __all__ = ["WhatIfPanel", "WhatIfTab"]

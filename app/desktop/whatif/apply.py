@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from app.core.settings import AppSettings
-from engine.trace import TraceSettings
-from engine.whatif import SimConfig, WhatIf, resolve
+from kvscope.app.core.settings import AppSettings
+from kvscope.engine.trace import TraceSettings
+from kvscope.engine.whatif import SimConfig, WhatIf, resolve
 
 MIB = 1 << 20
 NOT_ENGINE = {

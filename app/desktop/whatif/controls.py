@@ -23,10 +23,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.desktop.whatif import knobs
-from engine.config import ALLOCATORS, BLOCK_SIZES
-from engine.trace import TraceSettings
-from engine.whatif import SimConfig, WhatIf
+from kvscope.app.desktop.whatif import knobs
+from kvscope.engine.config import ALLOCATORS, BLOCK_SIZES
+from kvscope.engine.trace import TraceSettings
+from kvscope.engine.whatif import SimConfig, WhatIf
 
 # The what-if's KV dtype names -> the torch name a trace records.
 KV_DTYPE_NAMES = {

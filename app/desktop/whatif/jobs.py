@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.desktop.whatif.runner import JobControl
-from engine.trace import Trace
-from engine.whatif import (
+from kvscope.app.desktop.whatif.runner import JobControl
+from kvscope.engine.trace import Trace
+from kvscope.engine.whatif import (
     CHECKPOINT_STEPS,
     CostModel,
     PoolSeeker,

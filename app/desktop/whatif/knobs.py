@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from engine.config import BLOCK_SIZES
-from engine.trace import TraceSettings
-from engine.whatif import SimConfig, SweepPoint, WhatIf
+from kvscope.engine.config import BLOCK_SIZES
+from kvscope.engine.trace import TraceSettings
+from kvscope.engine.whatif import SimConfig, SweepPoint, WhatIf
 
 MIB = 1 << 20
 SLIDER_STEPS = 1000  # positions of a log-scaled slider

@@ -28,21 +28,21 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.settings import AppSettings
-from app.desktop.blockmap.panel import banner_style, panel_style
-from app.desktop.palette import Palette
-from app.desktop.theme import follow_theme
-from app.desktop.whatif import knobs, summary
-from app.desktop.whatif.apply import plan_apply
-from app.desktop.whatif.controls import WhatIfControls
-from app.desktop.whatif.jobs import SweepJob, replay_recorded, simulate_whatif
-from app.desktop.whatif.run_plots import RunPlots
-from app.desktop.whatif.runner import Outcome, SimRunner
-from app.desktop.whatif.side import RunSide
-from app.desktop.whatif.sweep_plot import SweepView
-from app.desktop.whatif.timeline import Timeline
-from engine.trace import Trace
-from engine.whatif import (
+from kvscope.app.core.settings import AppSettings
+from kvscope.app.desktop.blockmap.panel import banner_style, panel_style
+from kvscope.app.desktop.palette import Palette
+from kvscope.app.desktop.theme import follow_theme
+from kvscope.app.desktop.whatif import knobs, summary
+from kvscope.app.desktop.whatif.apply import plan_apply
+from kvscope.app.desktop.whatif.controls import WhatIfControls
+from kvscope.app.desktop.whatif.jobs import SweepJob, replay_recorded, simulate_whatif
+from kvscope.app.desktop.whatif.run_plots import RunPlots
+from kvscope.app.desktop.whatif.runner import Outcome, SimRunner
+from kvscope.app.desktop.whatif.side import RunSide
+from kvscope.app.desktop.whatif.sweep_plot import SweepView
+from kvscope.app.desktop.whatif.timeline import Timeline
+from kvscope.engine.trace import Trace
+from kvscope.engine.whatif import (
     PoolSeeker,
     SimResult,
     WhatIf,

@@ -15,12 +15,12 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QWidget
 
-from app.desktop.blockmap import colors
-from app.desktop.blockmap.plot_title import wrap_title
-from app.desktop.blockmap.time_plots import restyle_plot
-from app.desktop.palette import Palette, current
-from app.desktop.theme import follow_theme
-from engine.whatif import SimResult
+from kvscope.app.desktop.blockmap import colors
+from kvscope.app.desktop.blockmap.plot_title import wrap_title
+from kvscope.app.desktop.blockmap.time_plots import restyle_plot
+from kvscope.app.desktop.palette import Palette, current
+from kvscope.app.desktop.theme import follow_theme
+from kvscope.engine.whatif import SimResult
 
 PLOTS = (
     ("blocks_used", "Blocks used"),

@@ -12,14 +12,14 @@ import bisect
 
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from app.desktop.blockmap import colors
-from app.desktop.blockmap.block_map import BlockMapView
-from app.desktop.blockmap.caption_label import CaptionLabel
-from app.desktop.blockmap.metrics_strip import tile_style
-from app.desktop.palette import Palette
-from app.desktop.theme import follow_theme
-from engine.trace import TracedStep
-from engine.whatif import PoolSeeker, SimResult
+from kvscope.app.desktop.blockmap import colors
+from kvscope.app.desktop.blockmap.block_map import BlockMapView
+from kvscope.app.desktop.blockmap.caption_label import CaptionLabel
+from kvscope.app.desktop.blockmap.metrics_strip import tile_style
+from kvscope.app.desktop.palette import Palette
+from kvscope.app.desktop.theme import follow_theme
+from kvscope.engine.trace import TracedStep
+from kvscope.engine.whatif import PoolSeeker, SimResult
 
 FIGURES = (
     ("step", "STEP", "The step shown, of this run's steps"),

@@ -10,10 +10,10 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from app.desktop.blockmap import colors
-from app.desktop.palette import current
-from engine.trace import Trace
-from engine.whatif import SimConfig, SimResult, SimSummary, WhatIf
+from kvscope.app.desktop.blockmap import colors
+from kvscope.app.desktop.palette import current
+from kvscope.engine.trace import Trace
+from kvscope.engine.whatif import SimConfig, SimResult, SimSummary, WhatIf
 
 MIB = 1 << 20
 

@@ -17,13 +17,13 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from app.desktop.blockmap import colors
-from app.desktop.blockmap.plot_title import wrap_title
-from app.desktop.blockmap.time_plots import restyle_plot
-from app.desktop.palette import Palette
-from app.desktop.theme import follow_theme
-from app.desktop.whatif import knobs
-from engine.whatif import SweepPoint
+from kvscope.app.desktop.blockmap import colors
+from kvscope.app.desktop.blockmap.plot_title import wrap_title
+from kvscope.app.desktop.blockmap.time_plots import restyle_plot
+from kvscope.app.desktop.palette import Palette
+from kvscope.app.desktop.theme import follow_theme
+from kvscope.app.desktop.whatif import knobs
+from kvscope.engine.whatif import SweepPoint
 
 MAX_TICKS = 6
 

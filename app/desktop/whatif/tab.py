@@ -13,8 +13,8 @@ from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QTabBar, QToolButton
 
-from app.desktop.whatif.panel import WhatIfPanel
-from app.desktop.window_menu import add_engine_actions
+from kvscope.app.desktop.whatif.panel import WhatIfPanel
+from kvscope.app.desktop.window_menu import add_engine_actions
 
 TAB_TITLE = "What if"
 
