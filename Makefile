@@ -120,9 +120,9 @@ bench-vllm-client: setup $(BENCH_VENV)/.ok
 
 # The llama.cpp peer of the CPU benchmarks (optional, ~15 min on 2 cores): llama-server and the
 # libraries llama-cpp-python loads, built with cmake from the sources inside llama-cpp-python's
-# sdist, for this CPU's instruction set (app/bench/llama_cpp_build.py).
+# sdist, for this CPU's instruction set (app/bench/llama_cpp/build.py).
 peer: setup
-	$(PY) -m kvscope.app.bench.llama_cpp_build --root .cache
+	$(PY) -m kvscope.app.bench.llama_cpp.build --root .cache
 
 # Every Triton kernel ahead of time for all six GPU targets (`make test` compiles for the four
 # consumer ones: tests/test_triton_aot.py says why).

@@ -10,8 +10,8 @@ torch's kernels (EngineConfig.cpu_quant_kernel="torch") while `BackgroundCompile
 disk cache in a separate low-priority process (`python -m kvscope.engine.cpu_kernels --compile`): a
 compile holds the GIL for seconds at a time, which in-process would stall the window. When it
 is done the app rebuilds its engine on numba's kernels, loaded from that cache in ~1 s
-(app/desktop/kernel_switch.py). A marker file in the cache says every kernel is in it; the
-compile's duration is kept beside the cache to estimate the next one.
+(app/desktop/engine_thread/kernel_switch.py). A marker file in the cache says every kernel is in it;
+the compile's duration is kept beside the cache to estimate the next one.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from kvscope.engine.kv.snapshot import BlockState
 
 if TYPE_CHECKING:
     from kvscope.engine.config import EngineConfig
-    from kvscope.engine.float32_weights import WeightChoice
     from kvscope.engine.kv.allocator import KVAllocator
     from kvscope.engine.kv.kv_cache import KVCache
     from kvscope.engine.kv.layout import KVLayout
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
     from kvscope.engine.model.llama import LlamaModel
     from kvscope.engine.scheduler import Scheduler
     from kvscope.engine.sequence import Request, Sequence
+    from kvscope.engine.sizing.float32_weights import WeightChoice
 
 
 class InspectedEngine(Protocol):

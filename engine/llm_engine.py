@@ -16,15 +16,12 @@ from kvscope.engine import inspection, prompts
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.cpu_threads import apply_num_threads
 from kvscope.engine.detokenizer import IncrementalDetokenizer
-from kvscope.engine.float32_weights import float32_choice
 from kvscope.engine.kv.events import StepProgress
 from kvscope.engine.kv.kv_cache import KVCache
 from kvscope.engine.kv.snapshot import KVSnapshot
-from kvscope.engine.memory_profile import kv_layout, size_kv_pool
 from kvscope.engine.model.kv_calibration import calibrate_kv_scales, calibration_token_ids
 from kvscope.engine.model.loader import LoadedModel, load_model
 from kvscope.engine.model.sampler import Sampler, SampleResult, SamplingRow, sample_each
-from kvscope.engine.model_build import build_model, free_memory, kv_pool_bytes
 from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.outputs import RequestMetrics, RequestOutput
 from kvscope.engine.pool_parts import build_pool
@@ -32,8 +29,11 @@ from kvscope.engine.prompts import PromptInput
 from kvscope.engine.sampling_params import SamplingParams
 from kvscope.engine.scheduler import ScheduledBatch
 from kvscope.engine.sequence import Request, Sequence
+from kvscope.engine.sizing.float32_weights import float32_choice
+from kvscope.engine.sizing.kv_pool import kv_layout, size_kv_pool
+from kvscope.engine.sizing.model_build import build_model, free_memory, kv_pool_bytes
+from kvscope.engine.sizing.weight_plan import weights_quantized
 from kvscope.engine.trace import PoolCounts, StepShape, TraceLog, TraceSettings
-from kvscope.engine.weight_plan import weights_quantized
 
 
 class LLMEngine:

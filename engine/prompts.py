@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvscope.engine.model.chat_templates import missing_template_error
-from kvscope.engine.model.template_render import Budget, render_chat_template
+from kvscope.engine.model.templates.fallbacks import missing_template_error
+from kvscope.engine.model.templates.render import Budget, render_chat_template
 
 PromptInput = str | list[int]
 TEMPLATE_SECONDS = 2.0  # a chat template renders in ms; a looping one is stopped here

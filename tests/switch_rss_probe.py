@@ -21,7 +21,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer  # noqa: E402
 
 from kvscope.app.core.settings import EngineSettings  # noqa: E402
-from kvscope.app.desktop.engine_client import EngineClient  # noqa: E402
+from kvscope.app.desktop.engine_thread.client import EngineClient  # noqa: E402
 
 STEP_TIMEOUT_MS = 120_000  # one build and reply; far more than they take, to report a hang
 

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvscope.app.core.chat_store import SCHEMA_VERSION, ChatStore
 from kvscope.app.core.context_fit import ContextOverflow, fit_conversation
 from kvscope.app.core.request_ids import group_of
+from kvscope.app.desktop.chat.store import SCHEMA_VERSION, ChatStore
 from kvscope.engine.kv.snapshot import BlockState
 
 TIMEOUT_MS = 120_000  # the CPU is shared; a reply of a few tokens can take seconds
@@ -83,7 +83,7 @@ def test_store_survives_a_crash_between_messages(tmp_path):
     path = tmp_path / "chats.sqlite3"
     script = textwrap.dedent(f"""
         import os
-        from kvscope.app.core.chat_store import ChatStore
+        from kvscope.app.desktop.chat.store import ChatStore
         s = ChatStore({str(path)!r})
         c = s.create_conversation("crash")
         s.add_message(c.id, "user", "hello")
@@ -280,7 +280,7 @@ def test_block_contents_reach_the_map_through_the_worker(make_window, qtbot, mon
 
 
 def test_simulated_users_share_the_engine_with_chats(make_window, qtbot):
-    from kvscope.app.core.loadgen import LoadSpec
+    from kvscope.app.desktop.simulated_users.loadgen import LoadSpec
 
     window = make_window(max_tokens=4)
     spec = LoadSpec(

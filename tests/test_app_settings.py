@@ -13,7 +13,7 @@ from kvscope.app.core.settings import (
     load_settings,
     save_settings,
 )
-from kvscope.app.desktop.settings_dialog import SettingsDialog
+from kvscope.app.desktop.settings.dialog import SettingsDialog
 
 TIMEOUT_MS = 120_000
 
@@ -250,8 +250,8 @@ def default_model_source(window):
 def test_the_model_picker_lists_gguf_files_found_on_this_computer(qtbot, tmp_path, monkeypatch):
     from tiny_models import make_quant_gguf
 
-    from kvscope.app.core.found_models import format_size
-    from kvscope.app.core.model_discovery import remember_model
+    from kvscope.app.desktop.models.discovery import remember_model
+    from kvscope.app.desktop.models.found_models import format_size
 
     models = tmp_path / "home" / ".lmstudio" / "models" / "someone" / "Tiny-GGUF"
     models.mkdir(parents=True)

@@ -12,16 +12,16 @@ from tiny_gemma3 import make_tiny_gemma3_gguf, tiny_tokenizer
 
 from kvscope.app.core.engine_messages import EngineInfo
 from kvscope.app.core.settings import EngineSettings
-from kvscope.app.desktop.completion_style import BASE_MODEL_NOTICE, completion_params
+from kvscope.app.desktop.chat.completion_style import BASE_MODEL_NOTICE, completion_params
 from kvscope.engine import LLM, SamplingParams
-from kvscope.engine.model.chat_templates import (
+from kvscope.engine.model.loader import load_model
+from kvscope.engine.model.templates.fallbacks import (
     CHATML_TEMPLATE,
     COMPLETION_TEMPLATE,
     GEMMA_TEMPLATE,
     ensure_chat_template,
     looks_like_base_model,
 )
-from kvscope.engine.model.loader import load_model
 
 TIMEOUT_MS = 120_000
 CHAT = [

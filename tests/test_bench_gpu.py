@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from kvscope import kernels
-from kvscope.app.bench.gpu_device import call_timer, datasheet_bandwidth
-from kvscope.app.bench.gpu_engine import engine_decode_point, random_prompts
-from kvscope.app.bench.gpu_kernels import kernel_checks, kernel_point
+from kvscope.app.bench.gpu.device import call_timer, datasheet_bandwidth
+from kvscope.app.bench.gpu.engine_decode import engine_decode_point, random_prompts
+from kvscope.app.bench.gpu.kernel_timing import kernel_checks, kernel_point
 from kvscope.app.cli.main import main
 from kvscope.engine import LLM, SamplingParams
 from kvscope.engine.bench.contiguous_sdpa import ContiguousSdpaBaseline

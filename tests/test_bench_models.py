@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kvscope.app.bench.models_bench import run_models_bench
+from kvscope.app.bench.models.bench import run_models_bench
 from kvscope.engine.bench.synthetic_gguf import Shape
 from kvscope.engine.model.loader import load_model
 

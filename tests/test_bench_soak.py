@@ -13,10 +13,10 @@ import time
 import pytest
 from remote_fakes import wait_until
 
-from kvscope.app.bench.hostile_peer import HostilePeer
-from kvscope.app.bench.soak import SoakSettings
-from kvscope.app.bench.soak_report import broken_invariants
-from kvscope.app.bench.soak_watch import PeerWatch
+from kvscope.app.bench.soak.bench import SoakSettings
+from kvscope.app.bench.soak.hostile_peer import HostilePeer
+from kvscope.app.bench.soak.report import broken_invariants
+from kvscope.app.bench.soak.watch import PeerWatch
 from kvscope.app.cli.main import main
 
 

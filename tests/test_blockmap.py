@@ -272,7 +272,7 @@ def test_metrics_tolerate_missing_device_memory_keys():
 
 
 def test_metrics_read_the_real_device_memory_reading():
-    from kvscope.engine.device_memory import read_device_memory
+    from kvscope.engine.memory.device_memory import read_device_memory
 
     memory = read_memory(read_device_memory().to_dict())
     assert memory.headline.startswith("RSS ") and memory.process_gib > 0.01

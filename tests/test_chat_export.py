@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 import kvscope.app.desktop.chat.conversation_list as conversation_list
-from kvscope.app.core.chat_store import ChatStore
 from kvscope.app.desktop.chat.conversation_list import ConversationList
 from kvscope.app.desktop.chat.export import EXPORT_VERSION, export_chat, suggested_file_name
+from kvscope.app.desktop.chat.store import ChatStore
 
 
 @pytest.fixture()

@@ -2,8 +2,8 @@
 
 import sqlite3
 
-from kvscope.app.core.chat_recovery import open_chat_store, salvage
-from kvscope.app.core.chat_store import _MIGRATIONS, ChatStore
+from kvscope.app.desktop.chat.recovery import open_chat_store, salvage
+from kvscope.app.desktop.chat.store import _MIGRATIONS, ChatStore
 
 
 def _filled(path):

@@ -7,13 +7,13 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication, QTextFormat
 
-from kvscope.app.core.chat_store import ChatStore
 from kvscope.app.desktop.chat.code_blocks import KIND_COLORS, code_blocks
 from kvscope.app.desktop.chat.code_highlight import highlight
 from kvscope.app.desktop.chat.conversation_list import ConversationList
 from kvscope.app.desktop.chat.markdown import LINE_SEPARATOR, keep_line_breaks, plain_text
 from kvscope.app.desktop.chat.markdown_view import MarkdownView
 from kvscope.app.desktop.chat.message_bubble import MessageBubble, format_metrics
+from kvscope.app.desktop.chat.store import ChatStore
 
 HAIKU = "An old silent pond\nA frog jumps into the pond—\nsplash! Silence again."
 CODE = 'def greet(name):\n\t# say hello\n    return f"Hello, {name}!"  # 42\n\nprint(greet("x"))'

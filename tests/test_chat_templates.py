@@ -8,13 +8,13 @@ from tiny_gemma3 import make_tiny_gemma3, make_tiny_gemma3_gguf, tiny_tokenizer
 from tiny_models import make_tiny_model
 
 from kvscope.engine import LLM
-from kvscope.engine.model.chat_templates import (
+from kvscope.engine.model.loader import load_model
+from kvscope.engine.model.templates.fallbacks import (
     GEMMA_TEMPLATE,
     MissingChatTemplateError,
     ensure_chat_template,
     missing_template_error,
 )
-from kvscope.engine.model.loader import load_model
 
 
 def render(messages, template=GEMMA_TEMPLATE) -> str:

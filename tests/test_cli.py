@@ -71,7 +71,7 @@ def test_demo_window_saves_a_screenshot(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The demo chats are real conversations, stored like any other.
-    from kvscope.app.core.chat_store import ChatStore
+    from kvscope.app.desktop.chat.store import ChatStore
 
     store = ChatStore(tmp_path / "chats.sqlite3")
     chats = store.conversations()

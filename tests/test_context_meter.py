@@ -24,7 +24,7 @@ def test_the_meter_reads_used_of_limit_and_warns_near_and_over(qtbot):
 def test_the_count_is_the_engines_own_and_never_made_on_the_gui_thread(
     make_window, qtbot, monkeypatch
 ):
-    import kvscope.app.desktop.engine_worker as engine_worker
+    import kvscope.app.desktop.engine_thread.worker as engine_worker
 
     window = make_window(max_model_len=64, max_tokens=6)
     meter = window.chat.context_meter

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvscope.engine import device_memory
-from kvscope.engine.device_memory import read_device_memory
+from kvscope.engine.memory import device_memory
+from kvscope.engine.memory.device_memory import read_device_memory
 
 MiB = 1 << 20
 

@@ -1,7 +1,7 @@
 """A dropped engine frees its model and KV pool by reference counting alone.
 
 The app's worker rebuilds the engine on its own thread, where it must not run gc.collect()
-(app/desktop/engine_host.py says why), and it freezes each engine it builds out of the cyclic
+(app/desktop/engine_thread/host.py says why), and it freezes each engine it builds out of the cyclic
 collector's reach. So anything of an old engine held in a reference cycle stays resident: the
 fused CPU decode once held its model through a bound method, and every model switch kept the
 previous model's weights and pool (RSS 1.11 GiB fresh on the bundled model, 3.25 GiB back on

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import kvscope.app.desktop.chat.conversation_list as conversation_list
-from kvscope.app.core.chat_store import ChatStore
 from kvscope.app.desktop.chat.conversation_list import ConversationList
 from kvscope.app.desktop.chat.export import export_folder
+from kvscope.app.desktop.chat.store import ChatStore
 
 
 def test_export_starts_in_documents_then_in_the_last_folder(qtbot, tmp_path, monkeypatch):

@@ -139,7 +139,7 @@ def fuzz_gguf_headers(examples: str, folder: str) -> None:
     from tiny_models import make_tiny_gguf
 
     from kvscope.engine.model.loader import load_model
-    from kvscope.engine.planner import plan_kv
+    from kvscope.engine.sizing.planner import plan_kv
 
     src, _ = make_tiny_gguf("llama", Path(folder) / "src.gguf")
     reader = gguf.GGUFReader(src)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tiny_gemma3 import make_tiny_gemma3_gguf
 
-from kvscope.engine.model.chat_templates import GEMMA_TEMPLATE
 from kvscope.engine.model.loader import load_model
+from kvscope.engine.model.templates.fallbacks import GEMMA_TEMPLATE
 from kvscope.engine.model.tokenizer_cache import cache_key, cache_root
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]

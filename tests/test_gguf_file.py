@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFValueType
 from tiny_models import ARCHITECTURES, make_tiny_gguf
 
-from kvscope.engine.model.gguf_file import GGUFFile, read_gguf
+from kvscope.engine.model.gguf.file import GGUFFile, read_gguf
 from kvscope.engine.model.loader import default_model_path
 
 NESTED = [[1, 2], [3], [4, 5, 6]]

@@ -12,7 +12,7 @@ from tiny_models import make_tiny_gguf, make_tiny_model
 
 from kvscope.engine.model.loader import load_model
 from kvscope.engine.model.remote_code import RemoteCodeRefused
-from kvscope.engine.planner import plan_kv
+from kvscope.engine.sizing.planner import plan_kv
 
 
 def _arm_remote_code(folder, marker):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvscope.app.desktop import replay_view
+from kvscope.app.desktop.recording import replay_view
 from kvscope.engine.kv.events import FORMAT_VERSION
 
 TIMEOUT_MS = 120_000

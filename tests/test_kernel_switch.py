@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvscope.app.core.settings import EngineSettings
-from kvscope.app.desktop.engine_client import EngineClient
+from kvscope.app.desktop.engine_thread.client import EngineClient
 from kvscope.engine.cpu_kernels import MARKER, NICE_ENV, compile_all, kernels_compiled, numba_dir
 from kvscope.kernels import cpu_gemv
 
@@ -125,7 +125,7 @@ def test_a_failed_compile_keeps_the_torch_kernels_and_says_so(qtbot, client, tmp
 
 @pytest.mark.parametrize("width", [1400, 1024])
 def test_the_status_bar_line_is_readable_and_keeps_the_bar_narrow(qtbot, width):
-    from kvscope.app.desktop.kernel_switch import compiling_line
+    from kvscope.app.desktop.engine_thread.kernel_switch import compiling_line
     from kvscope.app.desktop.status_bar import EngineStatusBar
 
     bar = EngineStatusBar()

@@ -28,7 +28,7 @@ ENGINE_PUBLIC: dict[str, set[str] | None] = {
         "apply_num_threads",
         "physical_cores",  # the peer table's thread counts: 1, 2, every physical core
     },
-    "kvscope.engine.planner": None,
+    "kvscope.engine.sizing.planner": None,
     # a child Python running one of our modules
     "kvscope.engine.child_python": {"python_module_command", "SAFE_PATH_FLAGS"},
     # The worker's CPU kernels: loaded when compiled, else compiled in the background.
@@ -38,18 +38,21 @@ ENGINE_PUBLIC: dict[str, set[str] | None] = {
         "kernels_compiled",
         "BackgroundCompile",
     },
-    "kvscope.engine.device_memory": None,
+    "kvscope.engine.memory.device_memory": None,
     "kvscope.engine.kv.snapshot": None,  # KVSnapshot and its parts, what the block map draws
     "kvscope.engine.model.loader": {"load_model", "default_model_path", "LoadedModel"},
-    # what engine.planner.model_config returns
+    # what engine.sizing.planner.model_config returns
     "kvscope.engine.model.model_config": {"ModelConfig"},
     # The picker: a GGUF known by its magic (Ollama's blobs), and its header's name and type.
-    "kvscope.engine.model.gguf_identity": {"is_gguf_file"},
-    "kvscope.engine.model.gguf_summary": {"summarize_gguf", "GGUFSummary"},
+    "kvscope.engine.model.gguf.identity": {"is_gguf_file"},
+    "kvscope.engine.model.gguf.summary": {"summarize_gguf", "GGUFSummary"},
     # A base model's chats: whether its template is the plain transcript, and where it stops.
-    "kvscope.engine.model.chat_templates": {"is_completion_template", "COMPLETION_STOP"},
-    "kvscope.engine.host_memory": {"give_back_freed"},  # after a rebuild drops the old engine
-    "kvscope.engine.weight_fit": None,  # the weights' cost and fit before loading, for the dialog
+    "kvscope.engine.model.templates.fallbacks": {"is_completion_template", "COMPLETION_STOP"},
+    "kvscope.engine.memory.host_memory": {
+        "give_back_freed"
+    },  # after a rebuild drops the old engine
+    # the weights' cost and fit before loading, for the dialog
+    "kvscope.engine.sizing.weight_fit": None,
     "kvscope.engine.kv.replay": {"replay_events"},  # a recording back into snapshots
     # the engine's traffic trace (LLMEngine.trace), what a what-if replays
     "kvscope.engine.trace": None,

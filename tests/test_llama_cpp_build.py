@@ -1,7 +1,7 @@
-"""The llama.cpp peer's build options (app/bench/llama_cpp_build.py): the instruction set named
+"""The llama.cpp peer's build options (app/bench/llama_cpp/build.py): the instruction set named
 from the CPU's flags, never -march=native, and AMX off even where the CPU lists it."""
 
-from kvscope.app.bench.llama_cpp_build import cmake_options, server_binary
+from kvscope.app.bench.llama_cpp.build import cmake_options, server_binary
 
 
 def test_the_options_follow_the_cpu_flags_and_keep_amx_off(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.app.core.loadgen import LoadGenerator, LoadSpec, system_prompt
+from kvscope.app.desktop.simulated_users.loadgen import LoadGenerator, LoadSpec, system_prompt
 
 
 def run(gen: LoadGenerator, until: float, step: float = 0.25, finish_after: float = 0.0):
@@ -106,7 +106,7 @@ def test_spec_rejects_bad_values(kwargs):
 
 
 def test_panel_emits_the_spec(qtbot):
-    from kvscope.app.desktop.loadgen_panel import LoadGeneratorPanel
+    from kvscope.app.desktop.simulated_users.panel import LoadGeneratorPanel
 
     panel = LoadGeneratorPanel()
     qtbot.addWidget(panel)

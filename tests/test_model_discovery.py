@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tiny_models import make_quant_gguf, make_tiny_gguf
 
-from kvscope.app.core import model_discovery
-from kvscope.app.core.model_discovery import SearchRoot, find_gguf_files
+from kvscope.app.desktop.models import discovery as model_discovery
+from kvscope.app.desktop.models.discovery import SearchRoot, find_gguf_files
 
 
 @pytest.fixture(scope="module")

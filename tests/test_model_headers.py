@@ -11,11 +11,11 @@ import os
 import pytest
 from tiny_models import make_tiny_gguf, random_model, tiny_config
 
-from kvscope.app.core import model_headers
 from kvscope.app.core.settings import AppSettings, EngineSettings
-from kvscope.app.desktop.settings_dialog import SettingsDialog
-from kvscope.engine import planner
+from kvscope.app.desktop.models import headers as model_headers
+from kvscope.app.desktop.settings.dialog import SettingsDialog
 from kvscope.engine.model.model_config import ModelConfig
+from kvscope.engine.sizing import planner
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def test_a_prefetch_leaves_the_first_open_nothing_to_read(qtbot, tmp_path, reads
     assert "Context length: 512 tokens" in dialog.picker.info.text()
     assert reads == {"model_config": 1, "weights_header": 1}
     # A prefetch that fails says so in the log; the dialog's own read shows why.
-    with caplog.at_level(logging.INFO, logger="kvscope.app.core.model_headers"):
+    with caplog.at_level(logging.INFO, logger="kvscope.app.desktop.models.headers"):
         model_headers.prefetch(str(tmp_path / "gone.gguf")).join(timeout=60)
     assert "prefetching the headers of" in caplog.text and "gone.gguf" in caplog.text
 

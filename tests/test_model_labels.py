@@ -13,10 +13,10 @@ import pytest
 from named_ggufs import make_named_gguf
 from PySide6.QtCore import QRect, Qt
 
-from kvscope.app.core import model_discovery
 from kvscope.app.core.settings import AppSettings, EngineSettings
 from kvscope.app.desktop.elided_label import ElidedLabel, elide_middle
-from kvscope.engine.model.gguf_identity import dominant_layer_type, file_type_label
+from kvscope.app.desktop.models import discovery as model_discovery
+from kvscope.engine.model.gguf.identity import dominant_layer_type, file_type_label
 
 TIMEOUT_MS = 60_000
 GEMMA_FILE = "gemma-3-270m-it-Q4_K_M.gguf"
@@ -71,7 +71,7 @@ def test_an_elided_label_can_elide_in_the_middle(qtbot):
 def test_the_picker_shows_readable_names_and_the_files_own_type(
     qtbot, gemma_like, tmp_path, monkeypatch
 ):
-    from kvscope.app.desktop.settings_dialog import SettingsDialog
+    from kvscope.app.desktop.settings.dialog import SettingsDialog
 
     home = tmp_path / "home"
     (home / ".lmstudio").mkdir(parents=True)

@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 from named_ggufs import add_to_ollama, make_named_gguf
 
-from kvscope.app.core import model_discovery
-from kvscope.app.core.ollama_models import (
+from kvscope.app.desktop.models import discovery as model_discovery
+from kvscope.app.desktop.models.ollama import (
     display_name,
     name_of_blob,
     ollama_models,
     ollama_models_dir,
 )
-from kvscope.engine import LLM, planner
-from kvscope.engine.model.gguf_identity import is_gguf_file
+from kvscope.engine import LLM
+from kvscope.engine.model.gguf.identity import is_gguf_file
+from kvscope.engine.sizing import planner
 
 TIMEOUT_MS = 60_000
 
@@ -100,7 +101,7 @@ def test_a_blob_is_gguf_by_its_magic_and_loads(ollama_tree):
 
 def test_the_picker_lists_and_opens_an_ollama_model(qtbot, ollama_tree, tmp_path, monkeypatch):
     from kvscope.app.core.settings import AppSettings, EngineSettings
-    from kvscope.app.desktop.settings_dialog import SettingsDialog
+    from kvscope.app.desktop.settings.dialog import SettingsDialog
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("OLLAMA_MODELS", str(ollama_tree["models"]))

@@ -19,8 +19,8 @@ from tiny_models import (
     make_quant_gguf,
 )
 
-from kvscope.app.bench import peer_models
-from kvscope.app.bench.peer_models_setup import (
+from kvscope.app.bench.llama_cpp import peer_models
+from kvscope.app.bench.llama_cpp.peer_models_setup import (
     MODEL_NAMES,
     ModelChoice,
     cpu_description,
@@ -28,7 +28,7 @@ from kvscope.app.bench.peer_models_setup import (
     parse_model_names,
     thread_counts,
 )
-from kvscope.app.bench.peer_models_table import (
+from kvscope.app.bench.llama_cpp.peer_models_table import (
     COLUMNS,
     finish_row,
     markdown_table,
@@ -288,7 +288,7 @@ def test_the_flag_pair_runs_the_table_and_bad_flags_name_their_value(tmp_path, c
 def test_the_cpu_is_read_once_for_name_and_flags(tmp_path):
     """One reader of /proc/cpuinfo serves the reports and the peer's build options."""
     from kvscope.app.bench.cpu_model import cpu_flags, cpu_model_name
-    from kvscope.app.bench.llama_cpp_build import cmake_options
+    from kvscope.app.bench.llama_cpp.build import cmake_options
 
     info = tmp_path / "cpuinfo"
     info.write_text(

@@ -4,8 +4,8 @@ import sqlite3
 
 import pytest
 
-from kvscope.app.core.chat_store import _MIGRATIONS, SCHEMA_VERSION, ChatStore
 from kvscope.app.core.settings import SamplingSettings
+from kvscope.app.desktop.chat.store import _MIGRATIONS, SCHEMA_VERSION, ChatStore
 
 TIMEOUT_MS = 120_000
 

@@ -10,10 +10,10 @@ from tiny_models import make_tiny_gguf, make_tiny_model
 from kvscope.app.cli.main import main
 from kvscope.engine import LLM
 from kvscope.engine.config import KV_DTYPES
-from kvscope.engine.model.gguf_file import read_gguf
-from kvscope.engine.model.gguf_loader import gguf_config, load_gguf
+from kvscope.engine.model.gguf.file import read_gguf
+from kvscope.engine.model.gguf.loader import gguf_config, load_gguf
 from kvscope.engine.model.hf_loader import load_hf_folder
-from kvscope.engine.planner import (
+from kvscope.engine.sizing.planner import (
     dtype_name,
     estimate_weight_bytes,
     model_config,

@@ -13,10 +13,10 @@ import re
 
 import pytest
 
-from kvscope.app.core.pool_fit import naive_sequences
-from kvscope.app.core.pool_sentence import block_sentence, pool_figures, pool_sentence
-from kvscope.engine import planner
+from kvscope.app.desktop.blockmap.pool_fit import naive_sequences
+from kvscope.app.desktop.blockmap.pool_sentence import block_sentence, pool_figures, pool_sentence
 from kvscope.engine.model.model_config import FULL, SLIDING, ModelConfig
+from kvscope.engine.sizing import planner
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 

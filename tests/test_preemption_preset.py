@@ -13,7 +13,7 @@ import math
 import pytest
 from tiny_models import make_tiny_model
 
-from kvscope.app.core.loadgen import (
+from kvscope.app.desktop.simulated_users.loadgen import (
     DEMO_TARGET_S,
     DEMO_TOO_SLOW,
     PROMPT_SLACK,
@@ -21,7 +21,12 @@ from kvscope.app.core.loadgen import (
     LoadGenerator,
     plan_preemption_demo,
 )
-from kvscope.app.core.step_speed import DEFAULT_SPEED, MIXED_SHARE, MachineSpeed, StepSpeed
+from kvscope.app.desktop.simulated_users.step_speed import (
+    DEFAULT_SPEED,
+    MIXED_SHARE,
+    MachineSpeed,
+    StepSpeed,
+)
 from kvscope.engine.kv.events import (
     PrefixCacheHit,
     SequenceFinished,
@@ -166,7 +171,7 @@ def test_a_measured_mixed_rate_slows_the_prefill_estimate():
 def test_the_panel_says_when_and_offers_a_smaller_pool(qtbot, default_model):
     from kvscope.app.core.engine_messages import EngineInfo
     from kvscope.app.core.settings import EngineSettings
-    from kvscope.app.desktop.loadgen_panel import LoadGeneratorPanel
+    from kvscope.app.desktop.simulated_users.panel import LoadGeneratorPanel
     from kvscope.engine import LLM
 
     knobs = {"device": "cpu", "dtype": "float32", "max_model_len": 2048}

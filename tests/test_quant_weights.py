@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_models import QUANT_TYPES, make_quant_gguf, make_tiny_model, random_quant_blocks
 
-import kvscope.engine.model.gguf_loader as gguf_loader
+import kvscope.engine.model.gguf.loader as gguf_loader
 from kvscope.engine import LLM, SamplingParams
 from kvscope.engine.model.loader import load_model
 from kvscope.engine.quant.cpu_layout import (
@@ -230,7 +230,7 @@ def test_unsupported_tensor_type_is_refused_by_name(tmp_path):
     data = bytearray(path.read_bytes())
     # Retype one tensor as IQ4_NL (same block size and bytes as Q4_0): it must be named.
     f = load_model(path)  # noqa: F841  (a valid file first)
-    from kvscope.engine.model.gguf_file import read_gguf
+    from kvscope.engine.model.gguf.file import read_gguf
 
     t = next(t for t in read_gguf(path).tensors if t.name == "blk.1.ffn_up.weight")
     name = t.name.encode()
@@ -245,8 +245,8 @@ def test_unsupported_tensor_type_is_refused_by_name(tmp_path):
 
 
 def test_a_model_that_cannot_fit_is_refused_before_loading(tmp_path, monkeypatch):
-    import kvscope.engine.model_build as build
-    from kvscope.engine.model_too_large import ModelTooLargeError
+    import kvscope.engine.sizing.model_build as build
+    from kvscope.engine.memory.model_too_large import ModelTooLargeError
 
     path = make_quant_gguf(tmp_path / "m.gguf", "Q4_K")
     loaded = load_model(path)
@@ -263,7 +263,7 @@ def test_a_model_that_cannot_fit_is_refused_before_loading(tmp_path, monkeypatch
 
 
 def test_out_of_memory_while_building_is_a_clear_error(tmp_path, monkeypatch):
-    from kvscope.engine.model_too_large import ModelTooLargeError
+    from kvscope.engine.memory.model_too_large import ModelTooLargeError
 
     loaded = load_model(make_quant_gguf(tmp_path / "m.gguf", "Q8_0"))
 
@@ -276,7 +276,7 @@ def test_out_of_memory_while_building_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_planner_counts_the_kept_format(tmp_path, monkeypatch):
-    from kvscope.engine.planner import plan_kv
+    from kvscope.engine.sizing.planner import plan_kv
 
     path = make_quant_gguf(tmp_path / "m.gguf", "Q4_K")
     kept = plan_kv(path, context=256, vram_bytes="1GiB")
@@ -294,8 +294,8 @@ def test_planner_counts_the_kept_format(tmp_path, monkeypatch):
 
 
 def test_out_of_memory_in_the_tokenizer_is_not_called_a_broken_tokenizer(tmp_path, monkeypatch):
-    import kvscope.engine.model.gguf_loader as loader_module
-    from kvscope.engine.model_too_large import ModelTooLargeError
+    import kvscope.engine.model.gguf.loader as loader_module
+    from kvscope.engine.memory.model_too_large import ModelTooLargeError
 
     path = make_quant_gguf(tmp_path / "fresh.gguf", "Q8_0")  # a new file: not in the cache
 

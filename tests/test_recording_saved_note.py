@@ -11,7 +11,7 @@ from test_replay_view import TIMEOUT_MS, record_one_reply
 def test_a_saved_recording_says_where_and_shows_its_folder(
     make_window, qtbot, tmp_path, monkeypatch
 ):
-    from kvscope.app.desktop import recording_controls
+    from kvscope.app.desktop.recording import controls as recording_controls
 
     monkeypatch.setenv("KVSCOPE_DATA_DIR", str(tmp_path / "data"))
     window = make_window(max_tokens=4, kv_budget_mib=8)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from kvscope.app.core.chat_store import _MIGRATIONS, SCHEMA_VERSION, ChatStore
 from kvscope.app.desktop.chat.export import chat_markdown
+from kvscope.app.desktop.chat.store import _MIGRATIONS, SCHEMA_VERSION, ChatStore
 
 TIMEOUT_MS = 120_000
 OLD_METRICS = {

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from served import start_server
 
-from kvscope.app.core.chat_store import _MIGRATIONS, SCHEMA_VERSION, ChatStore, RemoteTarget
+from kvscope.app.desktop.chat.store import _MIGRATIONS, SCHEMA_VERSION, ChatStore, RemoteTarget
 from kvscope.app.remote.connection import parse_connection
 from kvscope.app.remote.openai_http import (
     ChatDelta,

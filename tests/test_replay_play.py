@@ -6,7 +6,7 @@ from test_replay_view import TIMEOUT_MS, record_one_reply
 
 
 def test_a_replay_plays_pauses_and_stops_at_the_end(make_window, qtbot, tmp_path, monkeypatch):
-    from kvscope.app.desktop.replay_view import PAUSE_TEXT, PLAY_TEXT
+    from kvscope.app.desktop.recording.replay_view import PAUSE_TEXT, PLAY_TEXT
 
     monkeypatch.setenv("KVSCOPE_DATA_DIR", str(tmp_path / "data"))
     window = make_window(max_tokens=8, kv_budget_mib=8)

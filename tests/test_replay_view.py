@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvscope.app.desktop import replay_view
+from kvscope.app.desktop.recording import replay_view
 from kvscope.engine.kv.replay import replay_events
 
 TIMEOUT_MS = 120_000
@@ -28,7 +28,7 @@ def record_one_reply(window, qtbot, text: str = "Say hi.") -> str:
 
 
 def replay_stop_text() -> str:
-    from kvscope.app.desktop.recording_controls import STOP_TEXT
+    from kvscope.app.desktop.recording.controls import STOP_TEXT
 
     return STOP_TEXT
 

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from served import start_server
 
-from kvscope.app.bench.serve_bench import ServeBenchSettings, run_load
+from kvscope.app.bench.serving.bench import ServeBenchSettings, run_load
 
 KEY = "test-key"
 MAX_MODEL_LEN = 256
@@ -434,7 +434,7 @@ def test_serve_flags_default_to_this_machine_only():
         ["bench", "--serve", "--clients", "4", "--max-model-len", "512"]
     )
     assert (bench.serve, bench.clients, bench.max_model_len) == (True, 4, 512)
-    from kvscope.app.bench.serve_bench import server_command
+    from kvscope.app.bench.serving.bench import server_command
 
     big = build_parser().parse_args(["bench", "--serve", "--clients", "100", "--dtype", "float32"])
     cmd = server_command(big, 9999, big.clients)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.app.bench.llama_server import (
+from kvscope.app.bench.llama_cpp.server import (
     BUILD_HINT,
     LlamaServerMissing,
     LlamaServerSpec,
@@ -19,7 +19,7 @@ from kvscope.app.bench.llama_server import (
     slot_context,
     start_logged,
 )
-from kvscope.app.bench.serve_bench import (
+from kvscope.app.bench.serving.bench import (
     ServeBenchSettings,
     parse_target,
     run_load,
@@ -27,8 +27,8 @@ from kvscope.app.bench.serve_bench import (
     stop_server,
     wait_until_up,
 )
-from kvscope.app.bench.serve_peer import cell_order, died_why
-from kvscope.app.bench.serve_peer_report import markdown_table, plot_serve_peer
+from kvscope.app.bench.serving.peer import cell_order, died_why
+from kvscope.app.bench.serving.peer_report import markdown_table, plot_serve_peer
 from kvscope.app.cli.main import build_parser
 
 
@@ -240,7 +240,7 @@ def _llama_server_or_skip() -> Path:
 def test_llama_server_on_the_bundled_model(tmp_path):
     """The real llama-server (where `make peer` built it): the client reads its stream, its
     usage and its own counters; ignore_eos makes every reply max_tokens long."""
-    from kvscope.app.bench.serve_bench import free_port
+    from kvscope.app.bench.serving.bench import free_port
     from kvscope.engine.model.loader import default_model_path
 
     binary = _llama_server_or_skip()

@@ -14,13 +14,14 @@ from test_pool_sentence import check_sentences
 from tiny_gemma3 import make_tiny_gemma3_gguf
 from tiny_models import make_tiny_gguf
 
-import kvscope.engine.model_build as model_build
-import kvscope.engine.weight_fit as weight_fit
-from kvscope.app.core.build_check import build_problems
+import kvscope.engine.sizing.model_build as model_build
+import kvscope.engine.sizing.weight_fit as weight_fit
 from kvscope.app.core.settings import AppSettings, EngineSettings
-from kvscope.app.desktop.settings_dialog import SettingsDialog
-from kvscope.engine import LLM, planner
+from kvscope.app.desktop.settings.build_check import build_problems
+from kvscope.app.desktop.settings.dialog import SettingsDialog
+from kvscope.engine import LLM
 from kvscope.engine.model.model_config import FULL, SLIDING, ModelConfig
+from kvscope.engine.sizing import planner
 
 TIMEOUT_MS = 120_000
 CPU = dict(device="cpu", dtype="float32")

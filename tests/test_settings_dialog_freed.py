@@ -10,7 +10,7 @@ import weakref
 
 from PySide6.QtCore import Qt
 
-from kvscope.app.desktop.settings_dialog import SettingsDialog
+from kvscope.app.desktop.settings.dialog import SettingsDialog
 
 
 def _reject(qtbot, dialog: SettingsDialog) -> None:

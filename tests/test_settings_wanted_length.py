@@ -14,7 +14,7 @@ import pytest
 from tiny_models import make_tiny_gguf
 
 from kvscope.app.core.settings import AppSettings, EngineSettings, load_settings, save_settings
-from kvscope.app.desktop.settings_dialog import SettingsDialog
+from kvscope.app.desktop.settings.dialog import SettingsDialog
 
 CPU = dict(device="cpu", dtype="float32")
 

@@ -11,7 +11,7 @@ from test_tokenizer_cache import assert_same_tokenizer
 from tiny_models import bundled_tokenizer, make_tiny_gguf
 
 import kvscope.engine.model.tokenizer_cache as tokenizer_cache
-from kvscope.engine.model.gguf_file import read_gguf
+from kvscope.engine.model.gguf.file import read_gguf
 from kvscope.engine.model.loader import default_model_path, load_model
 from kvscope.engine.model.ship_tokenizer import write_shipped
 from kvscope.engine.model.tokenizer_cache import (

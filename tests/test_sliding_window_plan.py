@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from kvscope.engine import planner
 from kvscope.engine.model.hf_loader import _sliding
 from kvscope.engine.model.model_config import FULL, SLIDING, ModelConfig
+from kvscope.engine.sizing import planner
 
 
 def _config(**kw) -> ModelConfig:

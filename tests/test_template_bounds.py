@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from kvscope.engine.model.chat_templates import CHATML_TEMPLATE, GEMMA_TEMPLATE
-from kvscope.engine.model.template_render import (
+from kvscope.engine.model.templates.fallbacks import CHATML_TEMPLATE, GEMMA_TEMPLATE
+from kvscope.engine.model.templates.render import (
     Budget,
     TemplateBudgetError,
     TemplateRenderError,

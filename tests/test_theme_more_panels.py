@@ -15,11 +15,11 @@ from PySide6.QtWidgets import QWidget
 from test_remote_view import A, two_replicas  # noqa: F401 (a fixture)
 from test_replay_view import STEP, header
 
-from kvscope.app.desktop import replay_view
 from kvscope.app.desktop.blockmap import colors
 from kvscope.app.desktop.blockmap.legend import key_snapshot
 from kvscope.app.desktop.blockmap.tooltip import describe_block
 from kvscope.app.desktop.palette import DARK, LIGHT, Palette
+from kvscope.app.desktop.recording import replay_view
 from kvscope.app.desktop.theme import theme_keeper
 from kvscope.app.remote.routing import RouteHit
 

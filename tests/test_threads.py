@@ -81,7 +81,7 @@ def test_engine_applies_the_knob_and_reports_it(default_model):
 
 def test_settings_carry_threads_to_the_engine(qtbot):
     from kvscope.app.core.settings import AppSettings, EngineSettings
-    from kvscope.app.desktop.settings_dialog import SettingsDialog
+    from kvscope.app.desktop.settings.dialog import SettingsDialog
 
     assert EngineSettings(num_threads=3).llm_kwargs()["num_threads"] == 3
     assert EngineSettings().llm_kwargs()["num_threads"] is None
@@ -103,7 +103,7 @@ def test_thread_sweep_covers_one_the_default_and_the_cores():
 
 
 def test_peer_bench_says_when_the_peer_is_absent(tmp_path, monkeypatch):
-    from kvscope.app.bench import peer_bench
+    from kvscope.app.bench.llama_cpp import peer_bench
 
     monkeypatch.setattr(peer_bench, "llama_cpp_version", lambda: None)
     report = peer_bench.run_peer_bench(tmp_path, num_prompts=1, max_tokens=4, threads=1, rounds=1)
@@ -124,7 +124,7 @@ def test_peer_bench_says_when_the_peer_is_absent(tmp_path, monkeypatch):
     reason="llama-cpp-python is an optional benchmark dependency (README: the peer benchmark)",
 )
 def test_peer_bench_runs_llama_cpp_on_the_same_tokens(tmp_path):
-    from kvscope.app.bench import peer_bench
+    from kvscope.app.bench.llama_cpp import peer_bench
 
     report = peer_bench.run_peer_bench(tmp_path, num_prompts=1, max_tokens=6, threads=1, rounds=1)
     peer = report["peer"]

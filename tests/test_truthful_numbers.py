@@ -11,7 +11,10 @@ import math
 import pytest
 from hand_snapshots import Seq, make_snapshot
 
-from kvscope.app.core.loadgen import (
+from kvscope.app.desktop.blockmap.glossary import TERMS
+from kvscope.app.desktop.blockmap.pool_fit import naive_sequences, naive_warning
+from kvscope.app.desktop.blockmap.traffic import TrafficCounter
+from kvscope.app.desktop.simulated_users.loadgen import (
     PROMPT_SLACK,
     TEMPLATE_TOKENS,
     LoadGenerator,
@@ -20,9 +23,6 @@ from kvscope.app.core.loadgen import (
     fit_to_context,
     preemption_demo,
 )
-from kvscope.app.core.pool_fit import naive_sequences, naive_warning
-from kvscope.app.desktop.blockmap.glossary import TERMS
-from kvscope.app.desktop.blockmap.traffic import TrafficCounter
 
 
 def make_llm(default_model, **knobs):
@@ -63,7 +63,7 @@ def engine_info(llm):
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
 def test_the_default_pool_holds_several_full_contexts(kv_dtype):
     from kvscope.app.core.settings import AppSettings
-    from kvscope.engine import planner
+    from kvscope.engine.sizing import planner
 
     es = AppSettings().engine
     mc = planner.model_config(None)
@@ -79,7 +79,7 @@ def test_the_issue_s_pool_warns_everywhere(qtbot, default_model):
 
     from kvscope.app.core.settings import AppSettings, EngineSettings
     from kvscope.app.desktop.blockmap import BlockMapPanel
-    from kvscope.app.desktop.settings_dialog import SettingsDialog
+    from kvscope.app.desktop.settings.dialog import SettingsDialog
     from kvscope.app.desktop.status_bar import EngineStatusBar
 
     warning = naive_warning(364, 16, 8192)
@@ -247,7 +247,7 @@ def test_default_load_unfitted_would_be_refused(default_model):
 
 
 def test_the_preemption_preset_preempts_on_a_small_pool(qtbot, default_model):
-    from kvscope.app.desktop.loadgen_panel import LoadGeneratorPanel
+    from kvscope.app.desktop.simulated_users.panel import LoadGeneratorPanel
 
     llm = make_llm(default_model, num_kv_blocks=8, max_model_len=128)
     panel = LoadGeneratorPanel()

@@ -13,7 +13,7 @@ import kvscope.app.desktop.window as window_module
 from kvscope.app.core.paths import ASSETS_DIR
 from kvscope.app.core.settings import AppSettings
 from kvscope.app.desktop.chat import conversation_list
-from kvscope.app.desktop.settings_dialog import SettingsDialog
+from kvscope.app.desktop.settings.dialog import SettingsDialog
 from kvscope.app.desktop.theme import resolve_theme
 
 YES, NO = QMessageBox.StandardButton.Yes, QMessageBox.StandardButton.No

@@ -1,6 +1,6 @@
 """The CPU as /proc/cpuinfo names it, for the bench reports that compare engines on one machine
 (a tok/s figure means little without the chip it ran on; platform.processor() is empty on
-Linux) and for the llama.cpp peer's build (its instruction set, app/bench/llama_cpp_build.py)."""
+Linux) and for the llama.cpp peer's build (its instruction set, app/bench/llama_cpp/build.py)."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ class BenchSettings:
 def run_bench(args: argparse.Namespace) -> int:
     """CLI entry: settings from `kvscope bench` flags; prints a summary."""
     if getattr(args, "gpu", False):
-        from kvscope.app.bench.gpu import run_gpu_bench
+        from kvscope.app.bench.gpu.bench import run_gpu_bench
 
         return run_gpu_bench(args)
     if getattr(args, "threads", False):
@@ -70,11 +70,11 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"  wrote {Path(args.out) / 'bench_threads.json'} and bench_threads.png")
         return 0
     if getattr(args, "peer", None) and getattr(args, "models", False):
-        from kvscope.app.bench.peer_models import run_peer_models_cli
+        from kvscope.app.bench.llama_cpp.peer_models import run_peer_models_cli
 
         return run_peer_models_cli(args)
     if getattr(args, "peer", None):
-        from kvscope.app.bench.peer_bench import run_peer_bench, summarize_peer
+        from kvscope.app.bench.llama_cpp.peer_bench import run_peer_bench, summarize_peer
 
         report = run_peer_bench(Path(args.out), args.peer, threads=args.num_threads)
         print(summarize_peer(report))
@@ -97,19 +97,19 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"  wrote {Path(args.out) / 'bench_whatif.json'} and bench_whatif.png")
         return 0
     if getattr(args, "soak", None) is not None:
-        from kvscope.app.bench.soak import run_soak_bench
+        from kvscope.app.bench.soak.bench import run_soak_bench
 
         return run_soak_bench(args)
     if getattr(args, "serve", False) and getattr(args, "peer_server", None):
-        from kvscope.app.bench.serve_peer import run_serve_peer
+        from kvscope.app.bench.serving.peer import run_serve_peer
 
         return run_serve_peer(args)
     if getattr(args, "serve", False):
-        from kvscope.app.bench.serve_bench import run_serve_bench
+        from kvscope.app.bench.serving.bench import run_serve_bench
 
         return run_serve_bench(args)
     if getattr(args, "models", False):
-        from kvscope.app.bench.models_bench import run_models_bench
+        from kvscope.app.bench.models.bench import run_models_bench
         from kvscope.app.core.paths import cache_dir
 
         run_models_bench(Path(args.out), cache_dir() / "bench-models")
@@ -149,7 +149,7 @@ def benchmark(
     loaded = loaded or load_model(None)
     # The bench compares like with like: float32 on the CPU for every contender.
     # float32 as a user gets it with dtype="float32" and the default quantization: the GGUF
-    # dequantized once at load where it fits (engine/float32_weights.py), the same numbers HF
+    # dequantized once at load where it fits (engine/sizing/float32_weights.py), the same numbers HF
     # transformers computes with, a like-for-like race. Its layout is reported with its rate.
     llm = LLM(model=loaded, device="cpu", dtype="float32")
     engine = llm.engine

@@ -51,7 +51,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _byte_count(text: str) -> int:
-    from kvscope.engine.planner import parse_bytes
+    from kvscope.engine.sizing.planner import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -86,7 +86,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 def _run_plan(args: argparse.Namespace) -> int:
     import json
 
-    from kvscope.engine.planner import plan_kv
+    from kvscope.engine.sizing.planner import plan_kv
 
     try:
         plan = plan_kv(

@@ -2,7 +2,7 @@
 
 `kvscope generate/chat/record/serve` take EngineConfig's CLI knobs as flags, and the serve bench
 passes the same flags to the server it starts; the parser (app/cli/main.py), the server
-(app/serve/server.py) and the bench (app/bench/serve_bench.py) all read this one list, so none of
+(app/serve/server.py) and the bench (app/bench/serving/bench.py) all read this one list, so none of
 them imports another.
 """
 

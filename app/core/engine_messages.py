@@ -133,9 +133,9 @@ class EngineInfo:
     @classmethod
     def of(cls, llm, settings: EngineSettings) -> EngineInfo:
         """Read from a built LLM (on the worker thread) and the settings it was built from."""
-        from kvscope.engine import planner
-        from kvscope.engine.model.chat_templates import is_completion_template
-        from kvscope.engine.weight_fit import count_parameters
+        from kvscope.engine.model.templates.fallbacks import is_completion_template
+        from kvscope.engine.sizing import planner
+        from kvscope.engine.sizing.weight_fit import count_parameters
 
         engine = llm.engine
         mc = engine.model_config

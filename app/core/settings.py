@@ -1,5 +1,5 @@
 """The app's settings: one object, persisted as JSON under the data dir (its dialog is
-app/desktop/settings_dialog.py).
+app/desktop/settings/dialog.py).
 
 `AppSettings.engine` holds the knobs that need an engine rebuild, `sampling` the defaults for new
 replies, `overflow_policy` what happens when a chat outgrows the context, `wanted_max_model_len`

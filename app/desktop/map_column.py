@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.desktop.blockmap import BlockMapPanel
-from kvscope.app.desktop.loadgen_panel import LoadGeneratorPanel
+from kvscope.app.desktop.simulated_users.panel import LoadGeneratorPanel
 
 MAP_MIN_WIDTH = 520  # the block map's state key is about this wide
 PLOT_MIN_HEIGHT = 80  # each rolling plot keeps its title, axis and a readable curve

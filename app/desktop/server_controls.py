@@ -19,7 +19,7 @@ from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QMainWindow, QToolButton, QWidget
 
 from kvscope.app.core.engine_messages import ServerState
-from kvscope.app.desktop.engine_client import EngineClient
+from kvscope.app.desktop.engine_thread.client import EngineClient
 
 SERVE_HOST = "127.0.0.1"  # this machine only: the window never opens the engine to a network
 SERVE_PORT_ENV = "KVSCOPE_SERVE_PORT"

@@ -3,7 +3,8 @@
 The window feeds it engine events; it only formats them. Its pool label has a fixed width
 because it changes ten times a second and must not relayout the window each time. The state
 line counts the engine's own sequences too, so simulated users are never shown as "Ready"; a
-warning label says when the naive allocator cannot hold two sequences (app/core/pool_fit.py).
+warning label says when the naive allocator cannot hold two sequences
+(app/desktop/blockmap/pool_fit.py).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from kvscope.app.core.engine_messages import EngineInfo
-from kvscope.app.core.pool_fit import naive_sequences, naive_warning
+from kvscope.app.desktop.blockmap.pool_fit import naive_sequences, naive_warning
 from kvscope.app.desktop.elided_label import ElidedLabel
-from kvscope.app.desktop.model_picker import format_count
+from kvscope.app.desktop.models.picker import format_count
 from kvscope.app.desktop.theme import follow_theme
 
 POOL_LABEL_SAMPLE = "KV 000000/000000 blocks held, 000000 cached · 0000 running"
@@ -42,7 +43,8 @@ class EngineStatusBar(QStatusBar):
             lambda p: self.warning_label.setStyleSheet(f"color: {p.banner[1]}; font-weight: bold;"),
         )
         self.warning_label.setVisible(False)
-        # The CPU kernels' background compile and the switch to them (app/desktop/kernel_switch.py)
+        # The CPU kernels' background compile and the switch to them
+        # (app/desktop/engine_thread/kernel_switch.py)
         self.kernel_label = ElidedLabel(objectName="kernelState")
         self.kernel_label.setVisible(False)
         # No minimum of its own (not even ElidedLabel's 12 characters): it never widens the bar.

@@ -1,8 +1,8 @@
 """MainWindow: conversations, the chat, and the KV block map over one engine worker.
 
 The window builds the widgets and wires them: the chats' behaviour is the ChatController's
-(app/desktop/chat_controller.py), the engine lives in the worker thread behind an EngineClient
-(app/desktop/engine_client.py), the status bar formats what the engine reports
+(app/desktop/chat/controller.py), the engine lives in the worker thread behind an EngineClient
+(app/desktop/engine_thread/client.py), the status bar formats what the engine reports
 (app/desktop/status_bar.py), and the map column holds the block map over the load generator
 (app/desktop/map_column.py). The window itself keeps the settings, feeds telemetry to the block map,
 and shows errors.
@@ -20,24 +20,24 @@ from PySide6.QtWidgets import (
     QTabWidget,
 )
 
-from kvscope.app.core.chat_recovery import open_chat_store
-from kvscope.app.core.chat_store import default_store_path
 from kvscope.app.core.engine_messages import EngineInfo, Telemetry
-from kvscope.app.core.model_discovery import remember_model
-from kvscope.app.core.model_headers import prefetch as prefetch_headers
 from kvscope.app.core.paths import data_dir
 from kvscope.app.core.request_ids import conversation_of_group, group_of
 from kvscope.app.core.settings import AppSettings, load_settings, save_settings, settings_path
 from kvscope.app.desktop.chat.chat_view import ChatView
+from kvscope.app.desktop.chat.controller import ChatController
 from kvscope.app.desktop.chat.conversation_list import ConversationList
-from kvscope.app.desktop.chat_controller import ChatController
-from kvscope.app.desktop.engine_client import EngineClient
+from kvscope.app.desktop.chat.recovery import open_chat_store
+from kvscope.app.desktop.chat.store import default_store_path
+from kvscope.app.desktop.engine_thread.client import EngineClient
 from kvscope.app.desktop.map_column import MapColumn
-from kvscope.app.desktop.recording_controls import RecordingControls
+from kvscope.app.desktop.models.discovery import remember_model
+from kvscope.app.desktop.models.headers import prefetch as prefetch_headers
+from kvscope.app.desktop.recording.controls import RecordingControls
 from kvscope.app.desktop.remote_view.connect_dialog import add_connect_action
 from kvscope.app.desktop.remote_view.view import RemoteView
 from kvscope.app.desktop.server_controls import ServerControls
-from kvscope.app.desktop.settings_dialog import SettingsDialog
+from kvscope.app.desktop.settings.dialog import SettingsDialog
 from kvscope.app.desktop.status_bar import EngineStatusBar
 from kvscope.app.desktop.theme import theme_keeper
 from kvscope.app.desktop.whatif import WhatIfTab

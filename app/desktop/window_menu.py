@@ -82,7 +82,7 @@ def build_menus(
 
 
 def add_engine_actions(window: QMainWindow, actions: list[QAction]) -> None:
-    """Append actions (recording: app/desktop/recording_controls.py) to the Engine menu."""
+    """Append actions (recording: app/desktop/recording/controls.py) to the Engine menu."""
     for action in window.menuBar().actions():
         menu = action.menu()
         if menu is not None and menu.title() == "&Engine":

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvscope.engine.config import EngineConfig
-from kvscope.engine.planner import model_config, weights_header
-from kvscope.engine.weight_plan import RUNTIME_OVERHEAD, plan_weights, weights_quantized
+from kvscope.engine.sizing.planner import model_config, weights_header
+from kvscope.engine.sizing.weight_plan import RUNTIME_OVERHEAD, plan_weights, weights_quantized
 
 
 def planned_cpu_load(path: Path, quantization: str, kv_bytes: int) -> dict:

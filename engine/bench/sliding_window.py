@@ -20,9 +20,9 @@ import torch
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.kv.snapshot import BlockState
 from kvscope.engine.llm_engine import LLMEngine
-from kvscope.engine.memory_profile import bytes_per_block, kv_layout
 from kvscope.engine.model.loader import load_model
 from kvscope.engine.sampling_params import SamplingParams
+from kvscope.engine.sizing.kv_pool import bytes_per_block, kv_layout
 
 VOCAB = 512
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from kvscope.engine.model.gguf_file import read_gguf
+from kvscope.engine.model.gguf.file import read_gguf
 from kvscope.engine.model.loader import default_model_path
 
 VERSION = 1  # bump when the recipe changes: cached files carry it in their name

@@ -12,13 +12,13 @@ import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvscope.engine.device_memory import system_memory
 from kvscope.engine.kv.events import StepProgress, read_numbered_events
 from kvscope.engine.kv.replay_checks import EventCheck
 from kvscope.engine.kv.session_json import MAX_INT, shown
 from kvscope.engine.kv.shadow import ContiguousShadow
 from kvscope.engine.kv.snapshot import BlockState, KVSnapshot
 from kvscope.engine.kv.telemetry import PoolCounters, PoolTelemetry
+from kvscope.engine.memory.device_memory import system_memory
 
 # 1.7x the largest real pool (a 141 GiB GPU holds ~10^7 blocks of the smallest models); a
 # replay of it takes ~3 GiB (below), and 2^26 blocks took 6.6 GB before numpy gave up.

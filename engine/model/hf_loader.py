@@ -8,14 +8,14 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from kvscope.engine.memory.model_too_large import ModelTooLargeError
 from kvscope.engine.model import gemma3_config
-from kvscope.engine.model.chat_templates import ensure_chat_template
 from kvscope.engine.model.config_limits import check_layer_count, check_sizes
 from kvscope.engine.model.loaded_model import LoadedModel, check_weights, turn_end_token_ids
 from kvscope.engine.model.model_config import FULL, SLIDING, ModelConfig
 from kvscope.engine.model.remote_code import refuse_remote_code
+from kvscope.engine.model.templates.fallbacks import ensure_chat_template
 from kvscope.engine.model.weight_source import SafetensorsSource
-from kvscope.engine.model_too_large import ModelTooLargeError
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",

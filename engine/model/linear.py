@@ -9,7 +9,7 @@ Where a weight goes (`place`), by what was measured (engine/quant/cpu_layout.py 
                           numba torch's int4 kernel layout, bf16 dense for Q6_K
     quantized, CPU fp32   the packed format; each call dequantizes a few rows at a time and
                           multiplies in float32 (exact weights, ~3x slower than dense: used
-                          only where dense float32 does not fit, engine/float32_weights.py)
+                          only where dense float32 does not fit, engine/sizing/float32_weights.py)
 """
 
 from __future__ import annotations

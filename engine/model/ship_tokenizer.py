@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from kvscope.engine.model import tokenizer_cache
-from kvscope.engine.model.gguf_file import read_gguf
-from kvscope.engine.model.gguf_loader import convert_tokenizer
+from kvscope.engine.model.gguf.file import read_gguf
+from kvscope.engine.model.gguf.loader import convert_tokenizer
 from kvscope.engine.model.tokenizer_cache import MANIFEST, content_key, store_entry
 
 

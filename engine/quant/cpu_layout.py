@@ -92,7 +92,7 @@ DEQUANT_MIN_ROWS = 384
 KERNEL_ENV = "KVSCOPE_CPU_QUANT_KERNEL"
 
 
-# The engine being built's cpu_quant_kernel (engine/model_build.py sets it around the build):
+# The engine being built's cpu_quant_kernel (engine/sizing/model_build.py sets it around the build):
 # scoped to that build's thread, so the weights it places, and nothing else, follow it.
 _BUILD_KERNEL: ContextVar[str] = ContextVar("cpu_quant_kernel", default="auto")
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from kvscope.engine.byte_units import format_binary, parse_bytes
 from kvscope.engine.config import ALLOCATORS, BLOCK_SIZES
 from kvscope.engine.kv.kv_cache import KVCache
 from kvscope.engine.kv.layout import KVLayout
+from kvscope.engine.memory.byte_units import format_binary, parse_bytes
 from kvscope.engine.trace.records import TraceSettings
 
 # What `kv_dtype` takes: as recorded, or a KV cache of this element type.

@@ -18,7 +18,7 @@ from scenarios import Scenarios, Sizes
 from user import DriveTimeout, User
 
 from kvscope.app.desktop.launch import set_app_icon
-from kvscope.app.desktop.settings_dialog import SettingsDialog
+from kvscope.app.desktop.settings.dialog import SettingsDialog
 from kvscope.app.desktop.window import MainWindow
 
 STATUS_POLL_MS = 250

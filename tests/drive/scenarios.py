@@ -17,8 +17,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QDialogButtonBox
 from user import DriveTimeout, User
 
-from kvscope.app.desktop.replay_view import ReplayDialog
-from kvscope.app.desktop.settings_dialog import SettingsDialog
+from kvscope.app.desktop.recording.replay_view import ReplayDialog
+from kvscope.app.desktop.settings.dialog import SettingsDialog
 
 CHAT_PROMPTS = (
     "Give me three tips for keeping houseplants alive.",

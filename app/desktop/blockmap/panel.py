@@ -5,7 +5,7 @@ Selection: clicking a block selects its owning sequence, clicking a legend chip 
 group's live sequences; the selected block tables stay lit on both maps, everything else dims.
 Selection is kept by request id, so it follows the same request across both allocators.
 Every term in the captions and the key has a tooltip (glossary.py); a banner says when the
-naive allocator cannot hold two sequences at these settings (app/core/pool_fit.py).
+naive allocator cannot hold two sequences at these settings (app/desktop/blockmap/pool_fit.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from collections.abc import Callable
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
-from kvscope.app.core.pool_fit import naive_warning
 from kvscope.app.core.request_ids import group_of
 from kvscope.app.desktop.blockmap import colors
 from kvscope.app.desktop.blockmap.block_map import BlockMapView
@@ -25,6 +24,7 @@ from kvscope.app.desktop.blockmap.captions import paged_caption, selection_capti
 from kvscope.app.desktop.blockmap.glossary import explain
 from kvscope.app.desktop.blockmap.legend import GroupLegend, StateKey
 from kvscope.app.desktop.blockmap.metrics_strip import MetricsStrip, held_share, useful_share
+from kvscope.app.desktop.blockmap.pool_fit import naive_warning
 from kvscope.app.desktop.blockmap.time_plots import TimePlots
 from kvscope.app.desktop.blockmap.tooltip import describe_block
 from kvscope.app.desktop.blockmap.traffic import TrafficCounter, read_memory
@@ -58,7 +58,7 @@ def banner_style(p: Palette) -> str:
     )
 
 
-# The dark theme's, for the replay window (app/desktop/replay_view.py), which stays dark.
+# The dark theme's, for the replay window (app/desktop/recording/replay_view.py), which stays dark.
 PANEL_STYLE = panel_style(DARK)
 CAPTION_STYLE = caption_style(DARK)
 BANNER_STYLE = banner_style(DARK)

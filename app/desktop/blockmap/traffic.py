@@ -40,7 +40,8 @@ def _gib(value: object) -> float:
 
 
 def read_memory(device_memory: dict | None) -> Memory:
-    """Headline figures from `engine.device_memory.DeviceMemory.to_dict()`; tolerant of gaps."""
+    """Headline figures from `engine.memory.device_memory.DeviceMemory.to_dict()`; tolerant of
+    gaps."""
     dm = device_memory or {}
     gpus = [g for g in dm.get("gpus") or () if isinstance(g, dict)]
     rss = _gib(dm.get("process_rss_bytes"))

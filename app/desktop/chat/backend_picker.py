@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvscope.app.core.chat_store import RemoteTarget
+from kvscope.app.desktop.chat.store import RemoteTarget
 
 THIS_ENGINE = "This engine"
 MAX_WIDTH = 230  # the chat column is ~300 px at 1024 wide: leave room for the context meter

@@ -20,12 +20,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvscope.app.core.chat_store import Conversation, Message
 from kvscope.app.desktop.chat.backend_picker import BackendPicker
 from kvscope.app.desktop.chat.context_meter import ContextMeter
 from kvscope.app.desktop.chat.markdown import plain_text
 from kvscope.app.desktop.chat.message_bubble import MessageBubble
 from kvscope.app.desktop.chat.sampling_panel import SamplingPanel
+from kvscope.app.desktop.chat.store import Conversation, Message
 
 
 class ElidedLabel(QLabel):

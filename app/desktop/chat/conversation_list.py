@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvscope.app.core.chat_store import ChatStore
 from kvscope.app.core.request_ids import conversation_group
 from kvscope.app.desktop.blockmap.colors import group_hex
 from kvscope.app.desktop.chat.export import (
@@ -32,6 +31,7 @@ from kvscope.app.desktop.chat.export import (
     suggested_file_name,
 )
 from kvscope.app.desktop.chat.markdown import plain_text
+from kvscope.app.desktop.chat.store import ChatStore
 
 GENERATING_MARK = "● "
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from PySide6.QtCore import QStandardPaths
 
 from kvscope.app.core import paths
-from kvscope.app.core.chat_store import ChatStore, Conversation, Message
+from kvscope.app.desktop.chat.store import ChatStore, Conversation, Message
 
 EXPORT_VERSION = 1
 FORMATS = {"markdown": ".md", "json": ".json"}
