@@ -15,7 +15,7 @@ QT_APT_LIBS := libgl1 libegl1 libglib2.0-0 libfontconfig1 libxkbcommon0 libdbus-
 	libxcb-randr0 libxcb-render-util0 libxcb-shape0 libxcb-xinerama0 libxcb-xkb1 \
 	libxkbcommon-x11-0 libfreetype6
 # Installer build tools (makensis compiles the Windows installer, also on Linux), and an X server
-# with a window lookup for the test that opens the real window (tests/test_real_window.py).
+# with a window lookup for the test that opens the real window (tests/app/desktop/test_real_window.py).
 TOOL_APT_PKGS := nsis xvfb xdotool
 # CPU machines pin the CPU wheel; where an NVIDIA driver answers, pip's default CUDA build is wanted.
 TORCH_SPEC := $(shell nvidia-smi >/dev/null 2>&1 && echo "torch" || echo "torch==2.13.0")
@@ -125,9 +125,9 @@ peer: setup
 	$(PY) -m kvscope.app.bench.llama_cpp.build --root .cache
 
 # Every Triton kernel ahead of time for all six GPU targets (`make test` compiles for the four
-# consumer ones: tests/test_triton_aot.py says why).
+# consumer ones: tests/kernels/test_triton_aot.py says why).
 test-aot: setup
-	KVSCOPE_AOT_ALL=1 $(PYTEST) -q tests/test_triton_aot.py
+	KVSCOPE_AOT_ALL=1 $(PYTEST) -q tests/kernels/test_triton_aot.py
 
 # The inner loop: lint, then everything but the tests marked slow, stopping at the first failure.
 test-fast: setup lint vllm-wheel

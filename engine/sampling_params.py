@@ -89,7 +89,7 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None  # top raw logprobs per token; 0 = the sampled token only
     # The rest as vLLM's SamplingParams defines them (its own code is the reference:
-    # tests/test_vllm_sampling.py).
+    # tests/app/serve/test_vllm_sampling.py).
     presence_penalty: float = 0.0  # subtracted once from every token already generated
     frequency_penalty: float = 0.0  # subtracted per occurrence among the generated tokens
     min_tokens: int = 0  # EOS and stop_token_ids are masked, stop strings unchecked, until then

@@ -49,8 +49,8 @@ Tile shapes (`quant_matmul_meta`), by M and by whether the dot is on tensor core
   prefill (M > 64): every dequantized W tile serves 128 rows of x (64 for FMA dots).
 
 With these tiles no configuration spills registers, and shared memory stays within every
-target's limit (64 KiB on sm_75, ~99 KiB on sm_86/89/120): `tests/test_triton_aot.py` compiles
-the launcher's exact arguments for sm_75..sm_120 and checks it. Row indices are widened to
+target's limit (64 KiB on sm_75, ~99 KiB on sm_86/89/120): `tests/kernels/test_triton_aot.py`
+compiles the launcher's exact arguments for sm_75..sm_120 and checks it. Row indices are widened to
 int64 before they meet a stride: an lm_head's codes (vocab x hidden) can pass 2**31 bytes.
 
 Triton's interpreter multiplies bfloat16 dot operands as raw integers and truncates float32 to
@@ -209,7 +209,7 @@ def quant_matmul_meta(
     """`_quant_matmul_kernel`'s constexprs and launch options (num_warps, num_stages) for M rows
     of x in `dtype` times a weight of the given layout on compute capability `arch` (None: the
     interpreter): what `quantized_matmul_triton` launches with, and what
-    `tests/test_triton_aot.py` compiles."""
+    `tests/kernels/test_triton_aot.py` compiles."""
     wide = dtype == torch.float32
     # FMA dots (float32 x; every dtype below sm_80) want short K tiles: an FMA dot holds its
     # operands in registers, and long tiles spill.

@@ -1,7 +1,7 @@
 """ARCHITECTURE.md's dependency picture, generated: the import contracts as pyproject.toml
 declares them (import-linter checks the code against those in `make lint`), and the order of
 the engine's and the kernels' modules as the import graph has it (grimp, the graph
-import-linter reads). tests/test_architecture_picture.py fails when the picture in
+import-linter reads). tests/repo/test_architecture_picture.py fails when the picture in
 ARCHITECTURE.md is not this; `python tests/architecture_picture.py --write` redraws it."""
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ def default_model(default_model_lazy):
 @pytest.fixture(scope="session")
 def hf_default():
     """HF transformers' own load of the bundled GGUF in float32: the parity reference, and the
-    baseline `kvscope bench` loads (tests/test_bench.py), so it is loaded once per session."""
+    baseline `kvscope bench` loads (tests/app/bench/test_bench.py), so it is loaded once per
+    session."""
     from kvscope.app.bench.hf_baseline import load_hf_model
 
     return load_hf_model()

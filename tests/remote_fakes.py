@@ -72,7 +72,8 @@ class FakeKVServer:
             with self._lock:
                 frames = [(s, p) for s, p in self.buffer if s >= start_seq]
             # vLLM 0.33's answer: the topic (ours is "") in each batch, an empty one in the end
-            # marker (tests/test_vllm_kv_events.py runs vLLM's own publisher for the real thing).
+            # marker (tests/app/serve/test_vllm_kv_events.py runs vLLM's own publisher for the real
+            # thing).
             for seq, payload in frames:
                 self.router.send_multipart((client, b"", b"", seq.to_bytes(8, "big"), payload))
             self.router.send_multipart((client, b"", b"", END, b""))

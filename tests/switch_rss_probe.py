@@ -1,6 +1,6 @@
 """Switch the app's engine between models and print the process's RSS after each (Linux).
 
-Run as its own process (tests/test_model_switch_memory.py does) so the figures are this
+Run as its own process (tests/app/desktop/test_model_switch_memory.py does) so the figures are this
 process's alone: `python tests/switch_rss_probe.py MODEL [MODEL ...]`, where a model is a
 GGUF path or `bundled`. The engine lives where the app puts it: an EngineWorker on its QThread
 behind an EngineClient, the first model built at start, each next one by apply_settings (what

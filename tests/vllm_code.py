@@ -66,7 +66,8 @@ REAL = frozenset(
         "vllm.config.cache",
         "vllm.config.utils",
         "vllm.config.kv_events",
-        # The OpenAI server's request models (tests/test_vllm_sampling.py) and what they build on.
+        # The OpenAI server's request models (tests/app/serve/test_vllm_sampling.py) and what they
+        # build on.
         "vllm.exceptions",
         "vllm.entrypoints.serve.engine.protocol",
         "vllm.entrypoints.generate.base.protocol",

@@ -5,8 +5,8 @@ This module holds the sockets, the thread and the connection states; what the fr
 
 Protocol (vLLM 0.33's vllm/distributed/kv_events.py; app/serve/kv_events.py is ours): the PUB
 socket sends multipart (topic, seq as 8-byte big-endian, payload); the replay socket is read by
-app/remote/kv_replay.py. tests/test_vllm_kv_events.py feeds this subscriber from vLLM's own
-publisher.
+app/remote/kv_replay.py. tests/app/serve/test_vllm_kv_events.py feeds this subscriber from vLLM's
+own publisher.
 
 What the thread does, and why:
 - On connecting it asks the replay socket for everything buffered from seq 0, so a server that

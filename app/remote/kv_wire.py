@@ -13,7 +13,8 @@ We decode the msgpack generically (msgspec without a type) and pick fields ourse
 both layouts, unknown trailing fields (a newer vLLM appends them) and unknown map keys are
 read without a schema change, and fields an older vLLM lacks take their defaults. Anything
 that does not fit raises MalformedFrame with a short reason; the subscriber counts it and
-carries on. tests/test_vllm_kv_events.py feeds it batches from vLLM 0.33's own publisher."""
+carries on. tests/app/serve/test_vllm_kv_events.py feeds it batches from vLLM 0.33's own
+publisher."""
 
 from __future__ import annotations
 

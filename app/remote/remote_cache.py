@@ -40,7 +40,8 @@ HISTORY_STEP_S = 0.25  # batches closer than this share a point (vLLM publishes 
 
 # Blocks kept per replica. A server holds at most its pool (vLLM's num_gpu_blocks, all KV
 # groups together); twice that leaves room for removals we missed. Unknown pool: a fixed cap.
-# A block costs ~0.5 KB here (tests/test_remote_cache_bounds.py measures it).
+# A block costs ~0.5 KB here (tests/app/desktop/remote_view/test_remote_cache_bounds.py measures
+# it).
 DEFAULT_MAX_BLOCKS = 200_000
 POOL_FACTOR = 2
 MIN_MAX_BLOCKS = 4096  # a tiny pool (a test server's) still shows a few thousand

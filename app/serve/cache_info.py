@@ -4,8 +4,8 @@ vLLM 0.33 renders it from `CacheConfig.metrics_info()`, `str()` of every field o
 (private ones included), plus `engine`. CACHE_CONFIG_INFO is that label set, in vLLM's order, each
 with the value a default vLLM server publishes; `cache_config_info` puts our engine's settings in
 the labels that have a counterpart here, and leaves vLLM's defaults in the others (mamba, offload,
-KV connector, layout knobs we do not have). tests/test_vllm_metrics.py checks the label set
-against vLLM's own CacheConfig.
+KV connector, layout knobs we do not have). tests/app/remote/test_vllm_metrics.py checks the label
+set against vLLM's own CacheConfig.
 
 Where ours differ in kind: `cache_dtype` is our KV dtype knob, whose names are vLLM's ("auto",
 "float16", "bfloat16", "fp8", which is e4m3 in both) plus "float32", which vLLM has not: it is

@@ -1,8 +1,9 @@
 """KV-cache events in vLLM's wire format, published over ZMQ, so routers built for vLLM (NVIDIA
 Dynamo's KV router, llm-d) can follow KVScope's prefix cache.
 
-As vLLM 0.33.0 sends them (vllm/distributed/kv_events.py), checked by tests/test_vllm_kv_events.py
-with vLLM's own decoder, replay client, example subscriber and publisher from its wheel and
+As vLLM 0.33.0 sends them (vllm/distributed/kv_events.py), checked by
+tests/app/serve/test_vllm_kv_events.py with vLLM's own decoder, replay client, example subscriber
+and publisher from its wheel and
 sources:
 
 - a `KVEventBatch(ts, events, data_parallel_rank)`, array-like, of tagged `BlockStored` /

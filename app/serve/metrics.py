@@ -1,7 +1,7 @@
 """Prometheus metrics under vLLM's names, so dashboards built for vLLM work unchanged, plus our
 own `kvscope_*` block-pool gauges.
 
-Checked against vLLM 0.33.0 by tests/test_vllm_metrics.py, which builds vLLM's own
+Checked against vLLM 0.33.0 by tests/app/remote/test_vllm_metrics.py, which builds vLLM's own
 PrometheusStatLogger from its wheel (tests/vllm_code.py) and compares with a live `kvscope serve`:
 every family vLLM registers by default is here with its name, type, label names, label values
 and histogram buckets (the request-token buckets from our max_model_len, as vLLM derives them),

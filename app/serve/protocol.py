@@ -1,9 +1,10 @@
 """The request bodies of the OpenAI API that the server takes, validated by pydantic, with the
 fields vLLM's OpenAI server adds to them.
 
-Checked against vLLM 0.33.0's own request models and SamplingParams by tests/test_vllm_sampling.py
-(it imports them from vLLM's wheel): every field of vLLM's ChatCompletionRequest and
-CompletionRequest is either honoured, refused, or listed there as no sampling field with why.
+Checked against vLLM 0.33.0's own request models and SamplingParams by
+tests/app/serve/test_vllm_sampling.py (it imports them from vLLM's wheel): every field of vLLM's
+ChatCompletionRequest and CompletionRequest is either honoured, refused, or listed there as no
+sampling field with why.
 
 - Honoured, with vLLM's meaning and vLLM's bounds (its errors are 400s, and so are ours):
   max_tokens, max_completion_tokens, temperature, top_p, top_k, min_p, n, seed (-1: none), stop,

@@ -62,7 +62,8 @@ class BlockMapView(pg.GraphicsView):
         self.scene().sigMouseClicked.connect(self._on_mouse_clicked)
         self.view.sigRangeChangedManually.connect(self._on_user_range)
         # The view's own bound method, not follow_theme's child follower: with one, pyqtgraph's
-        # close() (setViewport(None)) crashed a shown view (tests/test_blockmap.py, 100k).
+        # close() (setViewport(None)) crashed a shown view
+        # (tests/app/desktop/blockmap/test_blockmap.py, 100k).
         self._restyle(current())
         theme_keeper().changed.connect(self._restyle)
 

@@ -134,7 +134,7 @@ class EngineHost(QObject):
         """Let the engine go and give its memory back (weights, pool, buffers, tokenizer).
 
         Dropping the last reference frees it: no cycle holds a model or its pool
-        (tests/test_engine_teardown.py checks each kind), so this needs no collection, which
+        (tests/engine/test_engine_teardown.py checks each kind), so this needs no collection, which
         matters because there must be none here: a collection on this thread can finalize the
         GUI thread's Qt objects, and PySide then deadlocks in the QObject destructor waiting
         for the GIL. The engine was frozen at build (see _build): unfrozen, so that anything

@@ -3,7 +3,8 @@
 It mirrors `transformers.utils.chat_template_utils._cached_compile_jinja_template` (an
 ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks, loop controls and the
 `generation` tag; `raise_exception`, `strftime_now`, `tojson`, its `dict` and `namespace`),
-so an ordinary template renders byte-identical text (tests/test_template_bounds.py compares),
+so an ordinary template renders byte-identical text
+(tests/engine/model/templates/test_template_bounds.py compares),
 and adds the hooks that bound the work (engine/model/templates/budget.py):
 
 - operators `+ * % **` are intercepted (the sandbox's `call_binop`) and checked first;
