@@ -12,8 +12,8 @@ from collections import Counter
 import pytest
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QWidget
-from test_remote_view import A, two_replicas  # noqa: F401 (a fixture)
-from test_replay_view import STEP, header
+from recordings import STEP, header
+from remote_views import A
 
 from kvscope.app.desktop.blockmap import colors
 from kvscope.app.desktop.blockmap.legend import key_snapshot

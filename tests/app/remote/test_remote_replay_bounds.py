@@ -10,7 +10,7 @@ import time
 import zmq
 from remote_fakes import FakeKVServer, wait_until
 from served import free_endpoint
-from test_remote_subscriber import Recorder, payload, stop_promptly
+from subscriber_checks import Recorder, payload, stop_promptly
 
 from kvscope.app.remote.kv_replay import ReplayClient, ReplayFailed
 from kvscope.app.remote.kv_stream import MAX_SEQ

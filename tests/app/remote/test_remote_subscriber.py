@@ -4,44 +4,18 @@ state. And once against a real `kvscope serve` Server, whose cached blocks it mu
 
 from __future__ import annotations
 
-import threading
 import time
 
 import httpx
-import msgspec
 import pytest
 from remote_fakes import FakeKVServer, free_endpoint, wait_until
 from served import engine_event_hashes, start_server
+from subscriber_checks import Recorder, payload, stop_promptly  # noqa: F401
 
 from kvscope.app.remote.kv_stream import RESTART_SEQ
 from kvscope.app.remote.kv_subscriber import KVEventSubscriber
 from kvscope.app.remote.kv_wire import AllBlocksCleared
 from kvscope.app.remote.remote_cache import RemoteCache
-
-
-def payload(seq: int, *events) -> bytes:
-    """A batch in vLLM's array layout, built by hand: [ts, [event...], dp_rank]."""
-    events = events or (["BlockStored", [1000 + seq], None, [seq] * 4, 4, None, "GPU", None],)
-    return msgspec.msgpack.encode([float(seq), list(events), 0])
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.batches: list[tuple[int, object]] = []
-        self.statuses: list = []
-        self.lock = threading.Lock()
-
-    def on_batch(self, seq, batch) -> None:
-        with self.lock:
-            self.batches.append((seq, batch))
-
-    def on_status(self, status) -> None:
-        self.statuses.append(status)
-
-    @property
-    def seqs(self) -> list[int]:
-        with self.lock:
-            return [s for s, _ in self.batches]
 
 
 def subscriber(server: FakeKVServer, rec: Recorder, **options) -> KVEventSubscriber:
@@ -53,12 +27,6 @@ def subscriber(server: FakeKVServer, rec: Recorder, **options) -> KVEventSubscri
         on_status=rec.on_status,
         **options,
     )
-
-
-def stop_promptly(sub: KVEventSubscriber) -> None:
-    sub.stop(timeout=2)
-    assert not sub._thread.is_alive(), "stop() left the thread running"
-    assert sub.status().state == "stopped"
 
 
 def test_malformed_frames_are_counted_and_the_stream_goes_on():

@@ -7,8 +7,8 @@ import os
 import shutil
 
 import pytest
-from test_tokenizer_cache import assert_same_tokenizer
 from tiny_models import bundled_tokenizer, make_tiny_gguf
+from tokenizer_checks import assert_same_tokenizer
 
 import kvscope.engine.model.tokenizer_cache as tokenizer_cache
 from kvscope.engine.model.gguf.file import read_gguf

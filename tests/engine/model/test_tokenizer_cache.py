@@ -6,26 +6,11 @@ import os
 import platformdirs
 import pytest
 from tiny_models import bundled_tokenizer, make_tiny_gguf
+from tokenizer_checks import assert_same_tokenizer  # noqa: F401
 from transformers import AutoTokenizer
 
 from kvscope.engine.model.loader import default_model_path, load_model
 from kvscope.engine.model.tokenizer_cache import cache_key, cache_root, cached_tokenizer
-
-TEXTS = [
-    "Hello world",
-    "  leading spaces,\ttabs\n\nand newlines ",
-    "emoji 🤖🎉 and a family 👩‍👩‍👧",
-    "中文测试，日本語のテキスト、한국어",
-    "Ünïcödé àçcénts ß 3.14159 1234567",
-    "<|im_start|>user\nraw special tokens<|im_end|> <|endoftext|>",
-    "",
-]
-MESSAGES = [
-    {"role": "system", "content": "You are 🤖"},
-    {"role": "user", "content": "Translate 你好, please"},
-    {"role": "assistant", "content": "Hello!"},
-    {"role": "user", "content": "Thanks"},
-]
 
 
 class Converter:
@@ -49,21 +34,6 @@ def data_dir(tmp_path, monkeypatch):
 def tiny(tmp_path):
     path = make_tiny_gguf("llama", tmp_path / "tiny.gguf")[0]
     return path, Converter(lambda: AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
-
-
-def assert_same_tokenizer(a, b):
-    chat = [a.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)]
-    assert chat == [b.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)]
-    for text in TEXTS + chat:
-        ids = a(text).input_ids
-        assert ids == b(text).input_ids, text
-        assert a.decode(ids) == b.decode(ids) == text
-        assert a.decode(ids, skip_special_tokens=True) == b.decode(ids, skip_special_tokens=True)
-    for name in ("chat_template", "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
-        assert getattr(a, name) == getattr(b, name), name
-    assert a.all_special_tokens == b.all_special_tokens
-    assert a.added_tokens_decoder == b.added_tokens_decoder
-    assert a.get_vocab() == b.get_vocab()
 
 
 def test_bundled_cache_hit_equals_fresh_conversion():

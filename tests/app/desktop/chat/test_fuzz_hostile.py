@@ -24,7 +24,7 @@ def _run_child(function: str, *args: str) -> subprocess.CompletedProcess:
 
     code = (
         f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(TESTS)!r}]; "
-        f"import {__name__} as m; m.{function}(*sys.argv[1:])"
+        f"import {Path(__file__).stem} as m; m.{function}(*sys.argv[1:])"
     )
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
     return subprocess.run(

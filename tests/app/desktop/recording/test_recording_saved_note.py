@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_replay_view import TIMEOUT_MS, record_one_reply
+from recordings import TIMEOUT_MS, record_one_reply
 
 
 def test_a_saved_recording_says_where_and_shows_its_folder(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_replay_view import TIMEOUT_MS, record_one_reply
+from recordings import TIMEOUT_MS, record_one_reply
 
 
 def test_a_replay_plays_pauses_and_stops_at_the_end(make_window, qtbot, tmp_path, monkeypatch):

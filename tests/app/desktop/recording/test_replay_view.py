@@ -5,32 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from recordings import STEP, TIMEOUT_MS, header, record_one_reply  # noqa: F401
 
 from kvscope.app.desktop.recording import replay_view
 from kvscope.engine.kv.replay import replay_events
-
-TIMEOUT_MS = 120_000
-
-
-def record_one_reply(window, qtbot, text: str = "Say hi.") -> str:
-    """Record, send one message, stop: the session file's path."""
-    controls = window.recording
-    controls.record_action.trigger()
-    qtbot.waitUntil(lambda: bool(controls.recording_path), timeout=TIMEOUT_MS)
-    assert controls.record_action.isChecked()
-    assert controls.record_action.text() == replay_stop_text()
-    with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS):
-        window.chats.send_message(text)
-    controls.record_action.trigger()
-    qtbot.waitUntil(lambda: not controls.recording_path, timeout=TIMEOUT_MS)
-    assert not controls.record_action.isChecked()
-    return controls.last_recording
-
-
-def replay_stop_text() -> str:
-    from kvscope.app.desktop.recording.controls import STOP_TEXT
-
-    return STOP_TEXT
 
 
 def test_a_recorded_reply_replays_step_by_step_on_the_maps(
@@ -83,19 +61,6 @@ def test_recording_waits_for_an_idle_engine_and_says_so(make_window, qtbot, tmp_
         window.chats.stop(cid)
 
 
-def header(**overrides) -> dict:
-    return {
-        "kvscope_events": 2,
-        "num_blocks": 8,
-        "block_size": 4,
-        "allocator": "paged",
-        "max_seq_len": 32,
-        "model": "m",
-        **overrides,
-    }
-
-
-STEP = {"kind": "step_progress", "step": 1, "time": 1.0, "lens": []}
 FREED = {"kind": "blocks_freed", "step": 2, "time": 2.0, "seq_id": 7, "blocks": [3]}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_pool_sentence import check_sentences
+from pool_sentences import check_sentences
 from tiny_gemma3 import make_tiny_gemma3_gguf
 from tiny_models import make_tiny_gguf
 
