@@ -54,7 +54,7 @@ def engine_event_hashes(srv, hasher=None) -> set:
         total = engine.stats()["kv_blocks_total"]
         return [k for k in map(engine.block_hash, range(total)) if k is not None]
 
-    keys = srv.engine_loop.call(read).result(timeout=30)
+    keys = srv.driver.call(read).result(timeout=30)
     links = {own: (parent, tokens) for own, parent, tokens, _group in keys}
     digests: dict = {}
 

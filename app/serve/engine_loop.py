@@ -1,5 +1,7 @@
 """One thread owns the engine: it takes requests and aborts from a queue, steps, and hands each
-request's outputs to that request's asyncio queue. The HTTP side never touches the engine.
+request's outputs to that request's asyncio queue. The HTTP side never touches the engine: it
+speaks to the EngineDriver, whose queue is drained between steps by whoever owns the engine
+(`kvscope serve`'s EngineThread, or the desktop app's worker).
 
 The engine is not thread-safe; funnelling every call through this thread is what lets many
 connections share one continuous batch."""
@@ -15,6 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from kvscope.app.core.engine_turn import run_turn
 from kvscope.engine import LLMEngine, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -77,8 +80,8 @@ class _Call:
 class EngineDriver:
     """The HTTP side's handle on the engine: commands go into a queue that whoever steps the
     engine drains between steps (`drain`), and each step's outputs come back (`deliver`).
-    EngineLoop below steps it in a thread of its own; the app's worker steps a shared engine
-    and calls `drain` / `deliver` itself (its Server switch)."""
+    EngineThread below steps it in a thread of its own; the app's worker steps a shared engine
+    with the driver among its sources of work (app/core/engine_turn.py)."""
 
     def __init__(self, engine: LLMEngine, wake: Callable[[], None] | None = None) -> None:
         self.engine = engine
@@ -194,11 +197,12 @@ class EngineDriver:
         self._run_hooks(finished)
 
 
-class EngineLoop(EngineDriver):
-    """The driver for `kvscope serve`: a thread of its own steps the engine."""
+class EngineThread:
+    """`kvscope serve`'s engine thread: it owns the engine and runs the shared turn
+    (app/core/engine_turn.py) over the driver's queue until stopped."""
 
-    def __init__(self, engine: LLMEngine) -> None:
-        super().__init__(engine)
+    def __init__(self, driver: EngineDriver) -> None:
+        self.driver = driver
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvscope-serve-engine", daemon=True)
 
@@ -213,16 +217,11 @@ class EngineLoop(EngineDriver):
             self._thread.join(timeout=STOP_TIMEOUT_S)
 
     def _run(self) -> None:
+        engine = self.driver.engine
         while not self._stop.is_set():
-            busy = self.engine.has_unfinished_requests()
-            self.drain(timeout=None if busy else IDLE_WAIT_S)
-            if not self.engine.has_unfinished_requests():
-                continue
-            try:
-                outputs = self.engine.step()
-            except Exception as e:  # an engine bug: fail what is in flight, keep serving
-                log.exception("engine step failed")
-                self.fail_all(e, engine_failed=True)
-                continue
-            self.deliver(outputs)
-        self.fail_all(RuntimeError("the server is shutting down"))
+            if not engine.has_unfinished_requests():
+                self.driver.drain(timeout=IDLE_WAIT_S)  # sleep until work comes
+            turn = run_turn(engine, [self.driver])
+            if turn.error is not None:  # an engine bug: its requests failed, serving goes on
+                log.error("engine step failed", exc_info=turn.error)
+        self.driver.fail_all(RuntimeError("the server is shutting down"))

@@ -92,11 +92,11 @@ def build_router(state: ServerState) -> APIRouter:
 
     async def admit(rid, prompt, ids, params: SamplingParams, arrival: float, param: str):
         stream = RequestStream(rid, asyncio.get_running_loop())
-        state.engine_loop.call(lambda _: state.metrics.track(rid, arrival))
-        state.engine_loop.submit(rid, prompt, params, stream, ids)
+        state.driver.call(lambda _: state.metrics.track(rid, arrival))
+        state.driver.submit(rid, prompt, params, stream, ids)
         first = await stream.get()
         if isinstance(first, Exception):  # a sampling parameter's error names it (ParamError)
-            state.engine_loop.call(lambda _: state.metrics.forget(rid))  # nothing to track
+            state.driver.call(lambda _: state.metrics.forget(rid))  # nothing to track
             raise APIError(400, str(first), getattr(first, "param", param))
         assert isinstance(first, Accepted)
         return stream
@@ -142,7 +142,7 @@ def build_router(state: ServerState) -> APIRouter:
         finally:
             # Closed mid-stream (or cancelled): the engine frees the request's blocks.
             if not stream.finished:
-                state.engine_loop.abort(stream.request_id)
+                state.driver.abort(stream.request_id)
 
     async def _collect(stream: RequestStream, request: Request) -> RequestOutput | None:
         # The client is checked on a clock, not only when no output came: a running request
@@ -168,7 +168,7 @@ def build_router(state: ServerState) -> APIRouter:
                     return item
         finally:
             if not stream.finished:
-                state.engine_loop.abort(stream.request_id)
+                state.driver.abort(stream.request_id)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):

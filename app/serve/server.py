@@ -21,7 +21,7 @@ from fastapi import FastAPI
 
 from kvscope.app.core.block_hashes import DEFAULT_ALGO
 from kvscope.app.serve.connections import ConnectionLimits, guarded_protocol
-from kvscope.app.serve.engine_loop import EngineDriver, EngineLoop
+from kvscope.app.serve.engine_loop import EngineDriver, EngineThread
 from kvscope.app.serve.errors import install_error_handlers
 from kvscope.app.serve.fd_budget import ConnectionBudget, budget_for_this_process
 from kvscope.app.serve.guards import ApiKeyGuard, BodySizeGuard
@@ -75,9 +75,10 @@ class Server:
             self.model_name, engine.max_model_len, prefix_caching_hash_algo
         )
         self.metrics.describe_cache(engine)
-        self._owns_loop = driver is None
-        self.engine_loop = driver if driver is not None else EngineLoop(engine)
-        self.engine_loop.step_hooks.append(lambda outs: self.metrics.observe(engine, outs))
+        # Our own engine thread, unless the caller steps the engine (and drains the driver).
+        self._engine_thread = EngineThread(EngineDriver(engine)) if driver is None else None
+        self.driver = driver if driver is not None else self._engine_thread.driver
+        self.driver.step_hooks.append(lambda outs: self.metrics.observe(engine, outs))
         self.publisher: ZmqEventPublisher | None = None
         self.translator: KVEventTranslator | None = None
         if kv_events:
@@ -85,11 +86,11 @@ class Server:
             self.translator = KVEventTranslator(
                 engine, kv_events_encoding, vllm_hasher(prefix_caching_hash_algo)
             )
-            self.engine_loop.step_hooks.append(self._publish_kv_events)
+            self.driver.step_hooks.append(self._publish_kv_events)
             self._publish_kv_events([])  # the pool as it stands, before any traffic
         self.state = ServerState(
             engine=engine,
-            engine_loop=self.engine_loop,
+            driver=self.driver,
             metrics=self.metrics,
             model_names=(self.model_name,),
             max_model_len=engine.max_model_len,
@@ -130,8 +131,8 @@ class Server:
 
     def start(self) -> Server:
         """Serve from a background thread; returns once the socket listens."""
-        if self._owns_loop:
-            self.engine_loop.start()
+        if self._engine_thread is not None:
+            self._engine_thread.start()
         self._uvicorn = uvicorn.Server(self._config())
         self._thread = threading.Thread(
             target=self._uvicorn.run, name="kvscope-serve-http", daemon=True
@@ -148,7 +149,8 @@ class Server:
         return self
 
     def serve_forever(self) -> None:
-        self.engine_loop.start()
+        if self._engine_thread is not None:
+            self._engine_thread.start()
         try:
             uvicorn.Server(self._config()).run()
         finally:
@@ -163,10 +165,10 @@ class Server:
             self._thread.join(timeout=STOP_TIMEOUT_S)
 
     def _stop_engine_side(self) -> None:
-        if self._owns_loop:
-            self.engine_loop.stop()
+        if self._engine_thread is not None:
+            self._engine_thread.stop()
         else:  # the caller steps the engine and calls this from that thread
-            self.engine_loop.fail_all(RuntimeError("the server was stopped"))
+            self.driver.fail_all(RuntimeError("the server was stopped"))
         if self.translator is not None:
             self.translator.close()
             self.translator = None

@@ -1,11 +1,11 @@
-"""What the routes share: the engine, its thread, the metrics, the names it answers to."""
+"""What the routes share: the engine, its driver, the metrics, the names it answers to."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from kvscope.app.serve.engine_loop import EngineLoop
+from kvscope.app.serve.engine_loop import EngineDriver
 from kvscope.app.serve.metrics import ServerMetrics
 from kvscope.app.serve.responses import TokenText
 from kvscope.engine import LLMEngine
@@ -14,7 +14,7 @@ from kvscope.engine import LLMEngine
 @dataclass
 class ServerState:
     engine: LLMEngine
-    engine_loop: EngineLoop
+    driver: EngineDriver  # the engine's queue: requests, aborts and calls between steps
     metrics: ServerMetrics
     model_names: tuple[str, ...]
     max_model_len: int

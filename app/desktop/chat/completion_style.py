@@ -8,13 +8,12 @@ server) shows a notice saying that, and its replies get completion-style default
 at the next "User:" line the model writes, and a repetition penalty of 1.1 where the chat's is
 the neutral 1.0 (a base model loops on its own text). The chat's own settings are not changed.
 
-A part of ChatController (app/desktop/chat/controller.py), mixed in over ChatBackendChoice,
-whose notice it extends; it reads the controller's client, chat view, store and backends.
+The chat controller owns one, tells it of every engine it gets, and asks it for each reply's
+parameters; BackendChoice asks it for its notice.
 """
 
 from __future__ import annotations
 
-from kvscope.app.desktop.chat.backend_choice import ChatBackendChoice
 from kvscope.app.desktop.chat.store import Conversation
 from kvscope.engine.model.templates.fallbacks import COMPLETION_STOP
 
@@ -38,28 +37,24 @@ def completion_params(params: dict) -> dict:
     return params
 
 
-class CompletionStyle(ChatBackendChoice):
-    """Mixed into ChatController: ChatBackendChoice and, over its notice, this one's."""
+class CompletionStyle:
+    def __init__(self, engine_client: object) -> None:
+        """`engine_client`: the backend that is this engine (a chat on a server is not styled)."""
+        self._engine_client = engine_client
+        self.base_model = False  # the engine's model, from its last EngineInfo
 
-    base_model = False  # the engine's model, from its last EngineInfo
-
-    def _engine_changed(self, info) -> None:
+    def engine_changed(self, info) -> None:
         """A (re)built engine: its model may be a base model now, or no longer."""
         self.base_model = bool(getattr(info, "base_model", False))
-        if self.current_id is not None:
-            self._refresh_backend_notice()
 
-    def reply_params(self, conv: Conversation, backend: object) -> dict:
+    def applies(self, conv: Conversation | None, backend: object) -> bool:
+        """Whether this chat, answered by `backend`, talks to a base model on this engine."""
+        return self.base_model and conv is not None and backend is self._engine_client
+
+    def reply_params(self, conv: Conversation, backend: object, params: dict) -> dict:
         """The chat's sampling parameters, completion-style for a base model on this engine."""
-        params = self.sampling_of(conv).params_kwargs()
-        return completion_params(params) if self._on_base_model(conv, backend) else params
+        return completion_params(params) if self.applies(conv, backend) else params
 
-    def _on_base_model(self, conv: Conversation | None, backend: object) -> bool:
-        return self.base_model and conv is not None and backend is self.client
-
-    def _show_backend_state(self, conv: Conversation | None) -> None:
-        super()._show_backend_state(conv)
-        if not self._backend_notice and conv is not None:
-            if self._on_base_model(conv, self.backends.for_chat(conv)):
-                self._backend_notice = BASE_MODEL_NOTICE
-                self.chat.show_notice(BASE_MODEL_NOTICE)
+    def notice_for(self, conv: Conversation | None, backend: object) -> str:
+        """What the chat says of its model; "" when it is not a base model on this engine."""
+        return BASE_MODEL_NOTICE if self.applies(conv, backend) else ""

@@ -69,8 +69,8 @@ class ContextMeterFeed(QObject):
     `chat` is the ChatView (its system prompt box, composer, sampling panel and edit state);
     `messages_of(conversation_id)` the stored turns; `current_id()` the chat on show.
     `client_for(conversation_id)`, when given, names who counts for that chat (the engine's
-    client, a RemoteChatClient, or a string saying why nobody can); `listen(client)` hears a
-    further client's answers.
+    client, a RemoteChatClient, or an UnreachableBackend that answers that nobody can);
+    `listen(client)` hears a further client's answers.
     """
 
     def __init__(
@@ -129,9 +129,6 @@ class ContextMeterFeed(QObject):
         max_tokens = self._chat.sampling.settings().max_tokens
         system_prompt = self._chat.system_prompt.toPlainText()
         client = self._client_for(cid) if self._client_for is not None else self._client
-        if isinstance(client, str):  # e.g. a remote chat whose connection is gone
-            self._meter.show_unknown(client)
-            return
         client.count_tokens(self._latest, system_prompt, turns, max_tokens)
 
     def _on_usage(self, usage: ContextUsage) -> None:

@@ -7,9 +7,11 @@ a crash loses at most the reply in flight. Each chat keeps its own sampling sett
 start from the app's defaults), and a reply always reads the chat as stored, after any edit still
 waiting to be saved. The window builds the widgets and hands them here.
 
-A chat runs on this engine or a connected server's model (ChatBackendChoice; over it
-CompletionStyle for a base model: own modules); replies on a server go through a RemoteChatClient,
-which has the engine client's surface, so sending, stopping and regenerating are the same code.
+It owns its helpers and calls them: ChatBackends finds who answers a chat (this engine, a
+RemoteChatClient for a connected server's model, or an UnreachableBackend for a chat whose
+connection is gone; all with the engine client's surface, so sending, stopping and regenerating
+are the same code), BackendChoice stores the picker's choice and shows what the chat needs said
+about it, and CompletionStyle gives a base model's replies their defaults.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from kvscope.app.core.engine_messages import ReplyUpdate
 from kvscope.app.core.request_ids import conversation_group, conversation_request_id
 from kvscope.app.core.settings import SamplingSettings
+from kvscope.app.desktop.chat.backend_choice import BackendChoice
 from kvscope.app.desktop.chat.backends import ChatBackends
 from kvscope.app.desktop.chat.chat_view import ChatView
 from kvscope.app.desktop.chat.completion_style import CompletionStyle
@@ -32,7 +35,6 @@ from kvscope.app.desktop.chat.conversation_list import ConversationList
 from kvscope.app.desktop.chat.markdown import plain_text
 from kvscope.app.desktop.chat.store import ChatStore, Conversation
 from kvscope.app.desktop.engine_thread.client import EngineClient
-from kvscope.app.remote.remote_models_qt import RemoteModels
 
 NEW_CHAT_TITLE = "New chat"
 STREAM_REDRAW_MS = 80
@@ -51,7 +53,7 @@ class PendingReply:
     replaces: int | None = None  # Regenerate: the reply it joins as an alternative (hidden now)
 
 
-class ChatController(CompletionStyle, QObject):
+class ChatController(QObject):
     """Lives on the GUI thread: the engine client's answers reach its bound methods queued."""
 
     reply_updated = Signal(object)  # ReplyUpdate of a reply in flight, on the GUI thread
@@ -78,13 +80,23 @@ class ChatController(CompletionStyle, QObject):
         super().__init__(parent)
         self.store = store
         self.backends = ChatBackends(client, connections, self)
-        self._backend_notice = ""  # the notice shown for a chat whose connection is gone
+        self.completion_style = CompletionStyle(client)
+        self.current_id: int | None = None
+        self.backend_choice = BackendChoice(
+            store,
+            chat,
+            self.backends,
+            self.completion_style,
+            lambda: self.current_id,
+            connections,
+            self,
+        )
+        self.backend_choice.save_failed.connect(self._choice_not_saved)
         self.chat = chat
         self.conversations = conversations
         self.client = client
         self._overflow_policy = overflow_policy
         self._default_sampling = default_sampling
-        self.current_id: int | None = None
         self.pending: dict[int, PendingReply] = {}
         self._by_request: dict[str, int] = {}
         self._ids = itertools.count(1)
@@ -108,23 +120,27 @@ class ChatController(CompletionStyle, QObject):
             store.messages,
             lambda: self.current_id,
             self,
-            client_for=self._counter_for,
+            client_for=self.backend_choice.counter_for,
         )
         self.backends.client_made.connect(self.context_meter.listen)
         self.backends.request_output.connect(self._on_output)
         self.backends.request_failed.connect(self._on_request_failed)
-        self.remote_models: RemoteModels | None = None
-        if connections is not None:
-            self.remote_models = RemoteModels(connections, self)
-            self.remote_models.changed.connect(self._remote_models_changed)
-            chat.backend_picker.opening.connect(self.remote_models.retry_failed)
-            self._remote_models_changed()
-        chat.backend_picker.target_chosen.connect(self.set_remote)
+        self.backend_choice.changed.connect(self.context_meter.refresh)
         self.in_flight_changed.connect(self.context_meter.refresh)
         # Bound methods of this object only: a lambda would run in the worker's thread.
         client.request_output.connect(self._on_output)
         client.request_failed.connect(self._on_request_failed)
         client.engine_ready.connect(self._engine_changed)  # a base model? (CompletionStyle)
+
+    def _engine_changed(self, info) -> None:
+        """A (re)built engine: its model may be a base model now, or no longer."""
+        self.completion_style.engine_changed(info)
+        if self.current_id is not None:
+            self.backend_choice.refresh_notice()
+
+    def _choice_not_saved(self, message: str) -> None:
+        self.notice_raised.emit(message)
+        self._render_current()  # the picker shows the stored choice again
 
     # ---- conversations --------------------------------------------------------------------
     def new_conversation(self) -> int:
@@ -159,8 +175,7 @@ class ChatController(CompletionStyle, QObject):
         self.chat.sampling.set_settings(self.sampling_of(conv))
         if conv is not None:
             self.chat.backend_picker.set_current(conv.remote)
-        self._backend_notice = ""
-        self._show_backend_state(conv)
+        self.backend_choice.show_for(conv)
         self.context_meter.refresh()
         pending = self.pending.get(cid) if cid is not None else None
         self.chat.set_generating(pending is not None)
@@ -287,15 +302,14 @@ class ChatController(CompletionStyle, QObject):
         self.pending[cid] = PendingReply(request_id, cid, client=backend, replaces=replaces)
         turns = [{"role": m.role, "content": m.content} for m in self._messages(cid)]
         self._by_request[request_id] = cid
-        params = self.reply_params(conv, backend)  # completion-style on a base model
-        if not isinstance(backend, str):
-            backend.submit(request_id, conv.system_prompt, turns, params, self._overflow_policy())
+        sampling = self.sampling_of(conv).params_kwargs()
+        params = self.completion_style.reply_params(conv, backend, sampling)
         self.conversations.set_generating(cid, True)
         if cid == self.current_id:
             self._render_current()
         self.in_flight_changed.emit()
-        if isinstance(backend, str):  # its connection is gone: fail it as a refused reply
-            self._on_request_failed(request_id, backend)
+        # Last: an UnreachableBackend fails the reply at once, through _on_request_failed.
+        backend.submit(request_id, conv.system_prompt, turns, params, self._overflow_policy())
 
     # ---- the engine's answers -------------------------------------------------------------
     def _on_output(self, update: ReplyUpdate) -> None:

@@ -6,6 +6,8 @@ re-exports, answer on the GUI thread when connected to a bound method of a GUI-t
 
 from __future__ import annotations
 
+import threading
+
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal
 
 from kvscope.app.core.settings import EngineSettings
@@ -68,6 +70,12 @@ class EngineClient(QObject):
         self.server_state = w.server_state
         self.speed = w.speed
         self.trace_ready = w.trace_ready  # the answer to take_trace
+
+    @property
+    def engine_idle(self) -> threading.Event:
+        """Set while the engine neither builds nor has requests to step (any thread may wait
+        on it): the What-if tab's simulations run only then."""
+        return self.worker.idle
 
     def start(self) -> None:
         _RUNNING.add(self)

@@ -10,7 +10,7 @@ numba's kernels, loaded from the cache: about 1 s to load them plus a rebuild (2
 bundled model here), between replies; the chats are the window's and stay. The prefix cache
 starts empty again. A compile that fails keeps torch's kernels and says so.
 
-The status line hears each step through `host.kernel_status` (app/desktop/status_bar.py).
+The status line hears each step through `worker.kernel_status` (app/desktop/status_bar.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def compiling_line(remaining_s: float, elapsed_s: float) -> str:
 
 
 class KernelSwitch(QObject):
-    """Owned by an EngineHost, on its thread: picks each build's kernels, runs the compile."""
+    """Owned by the EngineWorker, on its thread: picks each build's kernels, runs the compile."""
 
     def __init__(self, host, command: list[str] | None = None) -> None:
         super().__init__(host)

@@ -1,15 +1,16 @@
 """EngineWorker: the one object that touches the engine, living in its own QThread.
 
-The GUI talks to it through `EngineClient` (app/desktop/engine_thread/client.py) only: every call
-becomes a queued signal, every answer comes back as a signal (app/core/engine_messages.py), so the
-GUI thread never waits on a step. The worker's loop is a zero-interval single-shot timer that runs
-one `engine.step()` per event-loop turn; submits, stops, block queries and settings changes are
-queued events that run between steps. Building and rebuilding the engine, and the telemetry,
-are its base class's (EngineHost, app/desktop/engine_thread/host.py); this module handles requests.
+The GUI talks to it through `EngineClient` (app/desktop/engine_thread/client.py) only: every
+call becomes a queued signal, every answer comes back as a signal (app/core/engine_messages.py),
+so the GUI thread never waits on a step. The worker's loop is a zero-interval single-shot timer
+that runs one turn (app/core/engine_turn.py: drain the sources of work, step, deliver) per
+event-loop turn; submits, stops, block queries and settings changes are queued events that run
+between steps.
 
-Telemetry: at most every 100 ms, and only when the pool changed, the worker takes
-`kv_snapshot()`, `shadow_snapshot()` and `stats()`; device memory is read every 500 ms. They go
-out together as one `Telemetry` object (immutable copies; the GUI never reads engine state).
+It owns its parts and calls them: the EngineBuilder (builder.py) builds and rebuilds the engine,
+the TelemetryFeed (telemetry_feed.py) takes what the GUI draws, and the sources of work each
+step drains and delivers to are the chats' replies (chat_replies.py), the simulated users
+(simulated_load.py) and, while Engine ▸ Serve the engine runs, the server's EngineDriver.
 
 Block tooltips are asynchronous: the GUI asks `query_block(block_id)`, the worker answers with
 `block_info(block_id, contents)` from `engine.block_contents(block_id)`. The composer's context
@@ -22,33 +23,33 @@ engine starts one only when idle, so a replay starts from an empty pool) until
 
 Serving (Engine ▸ Serve the engine): `start_server(host, port, api_key)` runs `kvscope serve`'s
 HTTP server (app/serve/) over this worker's engine. Its requests are queued to an EngineDriver
-that this loop drains between steps, so they join the chats in one batch and appear on the block
-map as "api-{client}/…"; `server_state(ServerState)` answers every start and stop. A rebuild
-or shutdown stops the server first.
+that each turn drains, so they join the chats in one batch and appear on the block map as
+"api-{client}/…"; `server_state(ServerState)` answers every start and stop. A rebuild or
+shutdown stops the server first.
 
-Simulated users (app/desktop/simulated_users/loadgen.py) run here too: each loop turn admits the
-generator's due requests next to the chats, and reports their ends back to it; when the engine is
-idle the loop sleeps until the next arrival. `idle` (EngineHost) is cleared where work arrives (a
-submit, a step's admissions) and set again by the loop and every telemetry tick.
+`idle` is set while the engine neither builds nor has requests to step: the What-if tab's
+simulations wait for it (app/desktop/whatif/runner.py), since a Python thread beside the
+engine's takes the GIL back at every torch call. It is cleared where work arrives (a submit, a
+turn's admissions) and set again by the loop and every telemetry tick.
 """
 
 from __future__ import annotations
 
-import gc
+import threading
 import time
 import weakref
 
-from PySide6.QtCore import QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from kvscope.app.core.context_fit import fit_conversation, prompt_ids, reply_reserve
-from kvscope.app.core.engine_messages import (
-    ContextUsage,
-    RecordingState,
-    ReplyUpdate,
-    ServerState,
-)
+from kvscope.app.core.engine_messages import ContextUsage, RecordingState, ServerState
+from kvscope.app.core.engine_turn import run_turn
 from kvscope.app.core.settings import EngineSettings
-from kvscope.app.desktop.engine_thread.host import TELEMETRY_INTERVAL_S, EngineHost, describe_error
+from kvscope.app.desktop.engine_thread.builder import EngineBuilder, describe_error
+from kvscope.app.desktop.engine_thread.chat_replies import ChatReplies
+from kvscope.app.desktop.engine_thread.kernel_switch import KernelSwitch
+from kvscope.app.desktop.engine_thread.simulated_load import SimulatedLoad
+from kvscope.app.desktop.engine_thread.telemetry_feed import TELEMETRY_INTERVAL_S, TelemetryFeed
 from kvscope.app.desktop.simulated_users.step_speed import StepSpeed
 
 RECORD_WHEN_IDLE = (
@@ -57,9 +58,14 @@ RECORD_WHEN_IDLE = (
 )
 
 
-class EngineWorker(EngineHost):
+class EngineWorker(QObject):
     """Owns the LLM. Create it, move it to a QThread, then drive it through its slots."""
 
+    engine_ready = Signal(object)  # EngineInfo
+    engine_failed = Signal(str)  # load / rebuild error; the previous engine (if any) stays
+    busy = Signal(str)  # what the worker is doing ("" when idle between steps)
+    telemetry = Signal(object)  # Telemetry
+    kernel_status = Signal(str)  # the CPU kernels' background compile, "" when nothing to say
     request_output = Signal(object)  # ReplyUpdate
     request_failed = Signal(str, str)  # request id, message
     block_info = Signal(int, object)  # block id, dict from engine.block_contents
@@ -73,20 +79,35 @@ class EngineWorker(EngineHost):
     _server_wake = Signal()  # from the HTTP thread: served requests are queued
 
     def __init__(self, settings: EngineSettings, loaded_model=None) -> None:
-        super().__init__(settings, loaded_model)
-        self._requests: dict[str, int] = {}  # request id -> dropped turns
+        super().__init__()
+        self.builder = EngineBuilder(settings, loaded_model)
+        self.feed = TelemetryFeed()
+        self.replies = ChatReplies(self._engine, self.request_output.emit, self.request_failed.emit)
+        self.load = SimulatedLoad(self._engine, self.load_status.emit)
+        # torch's CPU kernels while numba's compile in the background (kernel_switch.py)
+        self._kernels = KernelSwitch(self)
+        self.idle = threading.Event()
+        self.idle.set()
         self._step_timer: QTimer | None = None
         self._telemetry_timer: QTimer | None = None
-        self._load = None  # LoadGenerator while simulated users run
-        self._load_done = 0
-        self._load_error = ""
-        self._load_line = ""  # the latest load status sent
         self._recording_path = ""  # the session file being written, "" when not recording
         self._server = None  # app.serve.server.Server while serving this engine
         self._server_wake.connect(self._wake_for_server)
         self._speed: StepSpeed | None = None  # times this engine's steps (the load preset's)
         self._speed_of = None  # a weak reference to the engine it listens to
         self._speed_sent = 0.0
+
+    @property
+    def llm(self):
+        """The engine's LLM, None before the first build (or after a failed first one)."""
+        return self.builder.llm
+
+    def _engine(self):
+        return self.builder.llm.engine if self.builder.llm is not None else None
+
+    def _mark_idle(self) -> None:
+        busy = self.llm is not None and self.llm.engine.has_unfinished_requests()
+        (self.idle.clear if busy else self.idle.set)()
 
     # ---- lifecycle (runs in the worker thread) -------------------------------------------
     @Slot()
@@ -96,7 +117,7 @@ class EngineWorker(EngineHost):
         self._telemetry_timer = QTimer(self, interval=int(TELEMETRY_INTERVAL_S * 1000))
         self._telemetry_timer.timeout.connect(self._publish)
         self._telemetry_timer.start()
-        self._build(self._settings)
+        self._build(self.builder.settings)
 
     @Slot()
     def shutdown(self) -> None:
@@ -106,10 +127,8 @@ class EngineWorker(EngineHost):
         self.stop_server()
         self._abort_all()
         self.stop_recording()
-        self.llm = None
-        self._loaded = None
+        self.builder.release()
         self.idle.set()  # nothing left to wait for
-        gc.unfreeze()  # the engine was frozen at build (see _build); let it go now
         QThread.currentThread().quit()
 
     @Slot(object)
@@ -120,6 +139,32 @@ class EngineWorker(EngineHost):
         self._abort_all()
         self.stop_recording()
         self._build(settings)
+
+    def idle_for_rebuild(self) -> bool:
+        """No reply, server, recording or simulated users (a rebuild would stop them)."""
+        quiet = self._server is None and not self._recording_path and not self.load.running
+        busy = self.llm is None or self.llm.engine.has_unfinished_requests()
+        return quiet and not self.replies and not busy
+
+    def rebuild_for_kernels(self) -> None:
+        """The same settings again, on the CPU kernels compiled meanwhile (KernelSwitch)."""
+        self._build(self.builder.settings)
+
+    def _build(self, settings: EngineSettings) -> None:
+        self.idle.clear()
+        try:
+            result = self.builder.build(settings, self._kernels.kernel_for, self.busy.emit)
+            self.busy.emit("")
+            if result.failure is not None:
+                self.engine_failed.emit(result.failure)
+            if result.ready is not None:
+                self.engine_ready.emit(result.ready)
+            if result.failure is None:
+                self.feed.restart()
+                self._publish()
+                self._kernels.built(self.llm, settings.device)
+        finally:
+            self._mark_idle()
 
     # ---- requests ------------------------------------------------------------------------
     @Slot(str, str, object, object, str)
@@ -144,21 +189,16 @@ class EngineWorker(EngineHost):
         except Exception as e:  # anything else still ends the reply: never stuck "generating"
             self.request_failed.emit(request_id, f"could not start this reply: {describe_error(e)}")
             return
-        self._requests[request_id] = dropped
-        self._dirty = True
+        self.replies.add(request_id, dropped)
+        self.feed.dirty = True
         self._mark_idle()
         self._wake()
 
     @Slot(str)
     def stop(self, request_id: str) -> None:
-        if self.llm is None or request_id not in self._requests:
-            return  # already finished: its final output is on its way
-        output = self.llm.engine.abort_request(request_id)
-        dropped = self._requests.pop(request_id)
-        self._dirty = True
-        if output is not None:
-            self.request_output.emit(ReplyUpdate.from_output(output, dropped))
-        self._publish()
+        if self.replies.stop(request_id):
+            self.feed.dirty = True
+            self._publish()
 
     @Slot(int)
     def query_block(self, block_id: int) -> None:
@@ -187,6 +227,12 @@ class EngineWorker(EngineHost):
     def take_trace(self) -> None:
         """A copy of the engine's traffic trace, for the What-if tab, taken on its own thread."""
         self.trace_ready.emit(self.llm.engine.trace.trace() if self.llm is not None else None)
+
+    def _abort_all(self) -> None:
+        if self.llm is None:
+            return
+        self.replies.stop_all()
+        self.stop_load()
 
     # ---- recording -------------------------------------------------------------------------
     @Slot(str)
@@ -240,7 +286,7 @@ class EngineWorker(EngineHost):
         if server is None:
             return
         server.stop()  # fails its requests still in flight (this is the engine's thread)
-        self._dirty = True
+        self.feed.dirty = True
         self.server_state.emit(ServerState("", f"The server stopped: {why}." if why else ""))
 
     @Slot()
@@ -248,115 +294,61 @@ class EngineWorker(EngineHost):
         if self._step_timer is not None and not self._step_timer.isActive():
             self._wake()
 
-    def idle_for_rebuild(self) -> bool:
-        """No reply, server, recording or simulated users (a rebuild would stop them)."""
-        quiet = self._server is None and not self._recording_path and self._load is None
-        return quiet and not self._requests and super().idle_for_rebuild()
-
-    def _abort_all(self) -> None:
-        if self.llm is None:
-            return
-        for request_id in list(self._requests):
-            self.stop(request_id)
-        self.stop_load()
-
     # ---- simulated users -----------------------------------------------------------------
     @Slot(object)
     def start_load(self, spec) -> None:
-        from kvscope.app.desktop.simulated_users.loadgen import LoadGenerator, fit_to_context
-
-        self.stop_load()
-        if self.llm is not None:  # no request may be refused for its length
-            spec = fit_to_context(spec, self.llm.engine.max_seq_len)
-        self._load, self._load_done, self._load_error = LoadGenerator(spec), 0, ""
-        self._load_line = ""
-        self._report_load()
+        self.load.start(spec, self.feed.paged)
         self._wake()
 
     @Slot()
     def stop_load(self) -> None:
         """No new simulated requests; those in flight are aborted, freeing their blocks."""
-        load, self._load = self._load, None
-        if load is None:
+        if self.load.stop():
+            self.feed.dirty = True
+
+    # ---- telemetry -----------------------------------------------------------------------
+    @Slot()
+    def _publish(self) -> None:
+        # Every 100 ms (the telemetry timer), so that `idle` comes right within that time after
+        # any path that ended requests without a step after it (a stop, a stopped server or
+        # simulated users, a failed step).
+        self._mark_idle()
+        if self.llm is None:
             return
-        load.stop()
-        for request_id in list(load.in_flight):
-            if self.llm is not None:
-                self.llm.engine.abort_request(request_id)
-            load.on_finished(request_id)
-        self._dirty = True
-        self.load_status.emit(False, f"stopped after {load.num_sent} requests")
+        telemetry = self.feed.take(self.llm)
+        if telemetry is not None:
+            self.telemetry.emit(telemetry)
+            self.load.report(self.feed.paged)  # its running / waiting split follows the snapshot
 
-    def _admit_load(self) -> None:
-        if self._load is None:
-            return
-        engine = self.llm.engine
-        for request in self._load.due(time.monotonic()):
-            try:
-                prompt = engine.apply_chat_template(list(request.messages))
-                engine.add_request(request.request_id, prompt, request.params)
-            except ValueError as e:  # e.g. a prompt longer than the pool: that user waits
-                self._load.on_finished(request.request_id)
-                self._load_error = str(e)
-            self._dirty = True
-        self._report_load()
-
-    def _report_load(self) -> None:
-        """The generator's requests as the engine sees them: submitted, running, waiting (from
-        the latest snapshot; a request it does not list yet waits). Sent when it changes."""
-        from kvscope.app.desktop.simulated_users.loadgen import describe_progress
-
-        load = self._load
-        if load is None:
-            return
-        paged = self._last_snapshots[0] if self._last_snapshots is not None else None
-        sequences = [(s.request_id, s.status) for s in paged.sequences] if paged else []
-        line = f"{describe_progress(list(load.in_flight), sequences)} · {self._load_done} done"
-        line += f" of {load.num_sent} sent"
-        if self._load_error:
-            line += f" · last error: {self._load_error}"
-        if line != self._load_line:
-            self._load_line = line
-            self.load_status.emit(True, line)
-
+    # ---- the loop ------------------------------------------------------------------------
     def _wake(self, delay_s: float = 0.0) -> None:
         self._step_timer.start(max(0, int(delay_s * 1000)))
 
-    # ---- the loop ------------------------------------------------------------------------
     def _step(self) -> None:
         if self.llm is None:
             return
         engine = self.llm.engine
-        self._admit_load()
-        served = self._server.engine_loop if self._server is not None else None
-        if served is not None:
-            served.drain()  # the HTTP clients' adds, aborts and reads, between steps
-            self._dirty = True
-        self._mark_idle()
-        if engine.has_unfinished_requests():
-            self._time_steps_of(engine)
-            started = time.perf_counter()
-            try:
-                outputs = engine.step()
-                self._speed.end_step(time.perf_counter() - started)
-            except Exception as e:  # a failing step must not kill the worker: report, clean up
-                self._step_failed(e)
-                return
-            self._dirty = True
-            for output in outputs:
-                self._deliver(output)
-            if served is not None:
-                served.deliver(outputs)
-            if time.monotonic() - self._last_publish >= TELEMETRY_INTERVAL_S:
+        sources = [self.replies, self.load]
+        if self._server is not None:  # the HTTP clients' adds, aborts and reads
+            sources.append(self._server.driver)
+        self._time_steps_of(engine)
+        turn = run_turn(engine, sources, before_step=self._mark_idle)
+        self.feed.dirty = True
+        if turn.error is not None:
+            self.error.emit(f"Engine step failed: {describe_error(turn.error)}")
+        elif turn.stepped:
+            self._speed.end_step(turn.seconds)
+            if self.feed.due():
                 self._publish()
             if time.monotonic() - self._speed_sent >= 1.0:
                 self._speed_sent = time.monotonic()
                 self.speed.emit(self._speed.speed())
+        self.load.report(self.feed.paged)
         self._mark_idle()
         if engine.has_unfinished_requests():
             self._wake()
-        elif self._load is not None and self._load.next_arrival() is not None:
-            self._wake(self._load.next_arrival() - time.monotonic())
+        elif (arrival := self.load.next_arrival()) is not None:
+            self._wake(arrival - time.monotonic())
 
     def _time_steps_of(self, engine) -> None:
         """Measure this engine's steps (a new one after every rebuild); a weak reference, so
@@ -365,34 +357,3 @@ class EngineWorker(EngineHost):
             self._speed = StepSpeed(engine.config.block_size)
             engine.subscribe_kv_events(self._speed.on_event)
             self._speed_of = weakref.ref(engine)
-
-    def _deliver(self, output) -> None:
-        request_id = output.request_id
-        if request_id in self._requests:
-            errors = [c.error for c in output.outputs if c.error]
-            if output.finished and errors and all(c.error for c in output.outputs):
-                # The engine failed this reply alone (the others go on): say why.
-                self._requests.pop(request_id)
-                self.request_failed.emit(request_id, f"the engine failed this reply: {errors[0]}")
-                return
-            if output.finished:
-                dropped = self._requests.pop(request_id)
-            else:
-                dropped = self._requests[request_id]
-            self.request_output.emit(ReplyUpdate.from_output(output, dropped))
-        elif self._load is not None and output.finished and request_id in self._load.in_flight:
-            self._load.on_finished(request_id)
-            self._load_done += 1
-            self._report_load()
-
-    def _step_failed(self, e: Exception) -> None:
-        engine = self.llm.engine
-        self.error.emit(f"Engine step failed: {describe_error(e)}")
-        for request_id in list(self._requests):
-            engine.abort_request(request_id)
-            self._requests.pop(request_id)
-            self.request_failed.emit(request_id, f"stopped by an engine error: {e}")
-        self.stop_load()
-        if self._server is not None:
-            self._server.engine_loop.fail_all(e, engine_failed=True)
-        self._dirty = True

@@ -1,14 +1,16 @@
-"""TreeMerging: the remote view's prefix tree, merged from the replicas' caches off the GUI thread.
+"""TreeMerger: the remote view's prefix tree, merged from the replicas' caches off the GUI thread.
 
-A part of RemoteView (view.py), apart because it is one concept: which caches the tree shows
-(keyed on their versions), a merge in a one-thread pool at most once a TREE_MIN_S or three
-times the last merge's cost, its answer carried back by a queued signal, and the caption it
-writes. It reads the view's snapshots, tree, texts, colours and the _tree_* state it sets up.
+Which caches the tree shows is keyed on their versions; a merge runs in a one-thread pool, at
+most one at a time and, while the caches keep changing, at most once a TREE_MIN_S or three times
+the last merge's cost; its answer comes back to the GUI thread by a queued signal. The view owns
+one, hands it every new set of snapshots, and draws what `merged` carries (`tree_caption` words
+it).
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from html import escape
 
 from PySide6.QtCore import QObject, Signal
@@ -24,72 +26,82 @@ def _merge_timed(caches: list) -> tuple[list[TreeRun], float]:
     return roots, time.monotonic() - started
 
 
-class MergeBridge(QObject):
-    """Carries a merge's answer from the pool's thread to the GUI thread (a queued signal)."""
-
-    merged = Signal(object)  # (tree key, caches, (roots, seconds the merge took))
+def _key_of(snapshots: list) -> tuple:
+    return tuple((s.connection.label, s.cache.version, s.cache.clears) for s in snapshots)
 
 
-class TreeMerging:
-    """Mixed into RemoteView, the QWidget that owns the attributes these methods read."""
+class TreeMerger(QObject):
+    merged = Signal(object, object)  # the merged roots, the caches they came from (GUI thread)
+    _answer = Signal(object)  # (tree key, caches, (roots, seconds)) from the pool's thread
 
-    def _tree_key_of(self, snapshots: list) -> tuple:
-        return tuple((s.connection.label, s.cache.version, s.cache.clears) for s in snapshots)
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._key: tuple | None = None  # what the last merge shows
+        self._latest: tuple | None = None  # what the newest snapshots hold
+        self._busy = False
+        self._started = -1e18
+        self._cost = 0.0
+        self._closed = False
+        self._snapshots: list = []
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-tree")
+        self._answer.connect(self._on_answer)
 
-    def tree_settled(self) -> bool:
-        """Whether the tree shows the latest snapshots' caches (it is merged in a worker)."""
-        return self._tree_key == self._tree_key_of(self.snapshots) and not self._tree_busy
+    def settled(self) -> bool:
+        """Whether the tree shows the latest snapshots' caches."""
+        return self._key == self._latest and not self._busy
 
-    def _update_tree(self) -> None:
-        """Merge the caches in a worker thread (a big cache takes a good part of a second),
-        at most one merge at a time and, while the caches keep changing, no more often than
-        every TREE_MIN_S or three times the last merge's cost."""
-        key = self._tree_key_of(self.snapshots)
-        if key == self._tree_key or self._tree_busy or self._closed:
-            return  # a busy merge is followed by a fresh one at a later tick
-        same_replicas = self._tree_key is not None and [k[0] for k in key] == [
-            k[0] for k in self._tree_key
-        ]
-        wait = max(TREE_MIN_S, 3 * self._tree_cost)
-        if same_replicas and time.monotonic() - self._tree_started < wait:
+    def update(self, snapshots: list) -> None:
+        """Merge these snapshots' caches unless the tree shows them already or a merge is too
+        soon (a busy merge is followed by a fresh one when it answers)."""
+        self._snapshots = snapshots
+        key = self._latest = _key_of(snapshots)
+        if key == self._key or self._busy or self._closed:
             return
-        self._tree_busy = True
-        self._tree_started = time.monotonic()
-        caches = [s.cache for s in self.snapshots]  # copies: no one writes them any more
-        future = self._tree_pool.submit(_merge_timed, caches)
+        same_replicas = self._key is not None and [k[0] for k in key] == [k[0] for k in self._key]
+        wait = max(TREE_MIN_S, 3 * self._cost)
+        if same_replicas and time.monotonic() - self._started < wait:
+            return
+        self._busy = True
+        self._started = time.monotonic()
+        caches = [s.cache for s in snapshots]  # copies: no one writes them any more
+        future = self._pool.submit(_merge_timed, caches)
         future.add_done_callback(lambda f: self._merged_ready(key, caches, f))
 
+    def close(self) -> None:
+        """No more merges; one running is abandoned."""
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
     def _merged_ready(self, key: tuple, caches: list, future) -> None:
-        """On the worker thread: hand the merged tree to the GUI thread (queued signal)."""
+        """On the pool's thread: hand the merged tree to the GUI thread (queued signal)."""
         if future.cancelled():
             return
         try:
-            self._bridge.merged.emit((key, caches, future.result()))
+            self._answer.emit((key, caches, future.result()))
         except RuntimeError:  # the view was deleted meanwhile
             pass
 
-    def _on_merged(self, answer: tuple) -> None:
+    def _on_answer(self, answer: tuple) -> None:
         key, caches, (roots, cost) = answer
-        self._tree_busy = False
-        self._tree_cost = cost
-        self._tree_key = key
-        self.roots = roots
-        self.tree.set_roots(roots)
-        self.texts.decode_previews()
-        merged = sum(r.subtree_blocks for r in roots)
-        held = " · ".join(
-            f"<span style='color:{self.colors.color(c.replica)}'>■</span> {escape(c.replica)}"
-            f" {c.num_blocks:,}"
-            for c in caches
-        )
-        groups = sorted({g for c in caches for g in c.groups()})
-        text = (
-            f"<b>Prefix tree</b> · {merged:,} distinct blocks in {count_runs(roots):,}"
-            f" branches · held: {held or 'none'}"
-        )
-        if any(g != 0 for g in groups):
-            text += f" · <span style='color:#8C94A3'>KV group 0 shown ({len(groups)} groups)</span>"
-        if self.tree.rows_left_out:
-            text += f" · {self.tree.rows_left_out:,} branches not drawn"
-        self.tree_caption.setText(text)
-        self._update_tree()  # the caches may have moved on while this one was merged
+        self._busy, self._cost, self._key = False, cost, key
+        self.merged.emit(roots, caches)
+        self.update(self._snapshots)  # the caches may have moved on while this one was merged
+
+
+def tree_caption(roots: list[TreeRun], caches: list, color_of, rows_left_out: int) -> str:
+    """The caption over the tree: distinct blocks and branches, who holds how many."""
+    merged = sum(r.subtree_blocks for r in roots)
+    held = " · ".join(
+        f"<span style='color:{color_of(c.replica)}'>■</span> {escape(c.replica)} {c.num_blocks:,}"
+        for c in caches
+    )
+    groups = sorted({g for c in caches for g in c.groups()})
+    text = (
+        f"<b>Prefix tree</b> · {merged:,} distinct blocks in {count_runs(roots):,}"
+        f" branches · held: {held or 'none'}"
+    )
+    if any(g != 0 for g in groups):
+        text += f" · <span style='color:#8C94A3'>KV group 0 shown ({len(groups)} groups)</span>"
+    if rows_left_out:
+        text += f" · {rows_left_out:,} branches not drawn"
+    return text

@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
@@ -52,7 +51,7 @@ from kvscope.app.desktop.remote_view.replica_colors import ReplicaColors
 from kvscope.app.desktop.remote_view.routing_box import RoutingBox, Tokenize
 from kvscope.app.desktop.remote_view.run_texts import RunTexts
 from kvscope.app.desktop.remote_view.status_line import BAD, StatusLine, status_line
-from kvscope.app.desktop.remote_view.tree_merging import MergeBridge, TreeMerging
+from kvscope.app.desktop.remote_view.tree_merging import TreeMerger, tree_caption
 from kvscope.app.desktop.remote_view.view_style import style_view
 from kvscope.app.remote.connection import Connection
 from kvscope.app.remote.connections_qt import ConnectionList
@@ -110,7 +109,7 @@ def _stop_in_background(monitor) -> None:
     threading.Thread(target=monitor.stop, name="kvscope-monitor-stop", daemon=True).start()
 
 
-class RemoteView(TreeMerging, QWidget):
+class RemoteView(QWidget):
     def __init__(
         self,
         connections: ConnectionList,
@@ -131,14 +130,9 @@ class RemoteView(TreeMerging, QWidget):
         self.colors = ReplicaColors()
         self.cards: dict[str, ReplicaCard] = {}
         self.roots: list[TreeRun] = []
-        self._tree_key: tuple | None = None  # what the tree shows
         self._closed = False  # after shutdown(): no monitors, pools or redraws any more
-        self._tree_busy = False
-        self._tree_started = -1e18
-        self._tree_cost = 0.0
-        self._tree_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-tree")
-        self._bridge = MergeBridge(self)
-        self._bridge.merged.connect(self._on_merged)
+        self.merger = TreeMerger(self)  # merges the caches' trees off the GUI thread
+        self.merger.merged.connect(self._show_tree)
         self._metrics_seen: dict[str, object] = {}
         self._plotted_at = -1e18
         self._plotted_replicas: set[str] = set()
@@ -295,12 +289,24 @@ class RemoteView(TreeMerging, QWidget):
             _stop_in_background(monitor)
         self.monitors.clear()
         self.routing.shutdown()
-        self._tree_pool.shutdown(wait=False, cancel_futures=True)
+        self.merger.close()
         self.texts.shutdown()
 
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         self.shutdown()
         super().closeEvent(event)
+
+    def tree_settled(self) -> bool:
+        """Whether the tree shows the latest snapshots' caches (it is merged in a worker)."""
+        return self.merger.settled()
+
+    def _show_tree(self, roots: list[TreeRun], caches: list) -> None:
+        self.roots = roots
+        self.tree.set_roots(roots)
+        self.texts.decode_previews()
+        self.tree_caption.setText(
+            tree_caption(roots, caches, self.colors.color, self.tree.rows_left_out)
+        )
 
     # ---- drawing -------------------------------------------------------------------------
     def set_detokenizer(self, fn: Detokenizer | None) -> None:
@@ -325,7 +331,7 @@ class RemoteView(TreeMerging, QWidget):
                 _log_once(label, "card")
                 trouble = StatusLine("cannot show", BAD, (f"{type(e).__name__} in its data",))
                 card.set_status(trouble)
-        self._update_tree()
+        self.merger.update(self.snapshots)
         plotted = set(labels) != self._plotted_replicas
         if plotted or now - self._plotted_at >= PLOT_REDRAW_S or now < self._plotted_at:
             self._update_plots(now)

@@ -35,7 +35,7 @@ class WhatIfTab(QObject):
         tabs = self.window.map_tabs
         if self.panel is None:
             # Its simulations wait while the engine works (they would slow every step of it).
-            idle = self.window.client.worker.idle
+            idle = self.window.client.engine_idle
             self.panel = WhatIfPanel(lambda: self.window.settings, engine_idle=idle)
             self.panel.apply_requested.connect(self.window.apply_settings)
             self.panel.refresh_requested.connect(self.window.client.take_trace)

@@ -215,7 +215,7 @@ def test_applying_settings_rebuilds_the_engine_and_keeps_chats(make_window, qtbo
     assert ready.args[0].block_size == 32
     assert busy == ["Rebuilding the engine…", ""]  # the busy bar's text, then idle
     qtbot.waitUntil(lambda: window.last_telemetry.stats["kv_block_size"] == 32, timeout=TIMEOUT_MS)
-    assert window.client.worker._loaded is default_model  # tokenizer reused, not rebuilt
+    assert window.client.worker.builder.loaded is default_model  # tokenizer reused, not rebuilt
     assert window.engine_info.weight_format == "float32"
     assert "weights float32" in window.status.model_label.text()
     assert window.store.messages(cid)[0].content == "Keep me"
@@ -244,7 +244,7 @@ def test_a_bad_model_file_shows_an_error_and_the_app_keeps_working(make_window, 
 
 
 def default_model_source(window):
-    return window.client.worker._loaded.source
+    return window.client.worker.builder.loaded.source
 
 
 def test_the_model_picker_lists_gguf_files_found_on_this_computer(qtbot, tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ def connection(server):
 
 
 def _stats(server) -> dict:
-    return server.engine_loop.call(lambda e: e.stats()).result(timeout=60)
+    return server.driver.call(lambda e: e.stats()).result(timeout=60)
 
 
 def _aborted(server) -> float:

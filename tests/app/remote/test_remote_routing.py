@@ -170,7 +170,7 @@ def test_two_kvscope_replicas_shared_system_prompt(two_replicas):
 
         # The prediction is what replica A's engine then reuses.
         def hit_tokens(srv):
-            return srv.engine_loop.call(lambda e: e.stats()["prefix_cache_hit_tokens"]).result()
+            return srv.driver.call(lambda e: e.stats()["prefix_cache_hit_tokens"]).result()
 
         before = hit_tokens(srv_a)
         body = {"model": srv_a.model_name, "messages": second, "max_tokens": 1}

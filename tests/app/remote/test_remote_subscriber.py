@@ -238,9 +238,7 @@ def test_against_a_real_kvscope_server(default_model):
     sub = KVEventSubscriber(pub, replay, on_batch=lambda s, b: cache.apply(b, time.time()))
     try:
         # Traffic first: the subscriber joins late and must get everything from the replay.
-        prompt = srv.engine_loop.engine.tokenizer.encode(
-            "Tell me about the sea and its tides. " * 6
-        )
+        prompt = srv.driver.engine.tokenizer.encode("Tell me about the sea and its tides. " * 6)
         body = {"model": srv.model_name, "prompt": prompt, "max_tokens": 2}
         reply = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=60)
         assert reply.status_code == 200, reply.text

@@ -132,7 +132,7 @@ def test_cache_config_info_is_vllms_with_our_engines_settings(server, vllm):
     (mine,) = _scrape(server)[CACHE_INFO].samples
     assert mine.value == 1
     assert set(mine.labels) == set(theirs.labels)
-    engine = server.engine_loop.engine
+    engine = server.driver.engine
     # The settings of ours that vLLM's CacheConfig has, given to vLLM's own CacheConfig: it
     # must accept every one of our values (its names for dtypes and hash algorithms, its ranges)
     # and render each exactly as we publish it.
@@ -309,17 +309,17 @@ def test_the_numbers_are_what_the_requests_did(server):
 
 def test_a_sample_the_engine_failed_counts_as_error(server):
     d = Deltas(server)
-    engine = server.engine_loop.engine
+    engine = server.driver.engine
     sampler = engine.sampler
 
     def broken(*_args):
         raise RuntimeError("sampler broken by the test")
 
-    server.engine_loop.call(lambda e: setattr(e, "sampler", broken)).result(timeout=60)
+    server.driver.call(lambda e: setattr(e, "sampler", broken)).result(timeout=60)
     try:
         status, answer, _ = _complete(server, max_tokens=2)
     finally:
-        server.engine_loop.call(lambda e: setattr(e, "sampler", sampler)).result(timeout=60)
+        server.driver.call(lambda e: setattr(e, "sampler", sampler)).result(timeout=60)
     assert status == 500 and "sampler broken" in answer["error"]["message"]
     d.wait(1)
     assert d("vllm:request_success", finished_reason="error") == 1
@@ -338,7 +338,7 @@ def test_preemptions_are_counted_per_request(server):
         held.set()
         release.wait(60)
 
-    server.engine_loop.call(hold)
+    server.driver.call(hold)
     assert held.wait(60)
     answers: list = [None, None]
 
@@ -352,7 +352,7 @@ def test_preemptions_are_counted_per_request(server):
             t.start()
         # Both requests queued behind the held call (the server tracks each before its add).
         deadline = time.monotonic() + 60
-        while server.engine_loop._commands.qsize() < 4 and time.monotonic() < deadline:
+        while server.driver._commands.qsize() < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         release.set()

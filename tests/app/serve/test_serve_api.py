@@ -34,7 +34,7 @@ def server(default_model):
         if event.kind == "sequence_added":
             seen.append(event.request_id)
 
-    srv.engine_loop.call(lambda e: e.subscribe_kv_events(listen)).result()
+    srv.driver.call(lambda e: e.subscribe_kv_events(listen)).result()
     srv.request_ids = seen
     yield srv
     srv.stop()
@@ -46,7 +46,7 @@ def client(server):
 
 
 def _stats(server) -> dict:
-    return server.engine_loop.call(lambda e: e.stats()).result(timeout=60)
+    return server.driver.call(lambda e: e.stats()).result(timeout=60)
 
 
 def _metrics(server) -> dict:
@@ -418,7 +418,7 @@ def test_cache_config_info_names_block_size_and_hash(server):
     families = _metrics(server)
     (sample,) = families["vllm:cache_config_info"].samples
     assert sample.value == 1
-    assert sample.labels["block_size"] == str(server.engine_loop.engine.config.block_size)
+    assert sample.labels["block_size"] == str(server.driver.engine.config.block_size)
     # The server's default, vLLM's name for how our KV events hash blocks.
     assert sample.labels["prefix_caching_hash_algo"] == "sha256"
     assert sample.labels["enable_prefix_caching"] == "True"

@@ -106,14 +106,14 @@ def test_a_request_being_answered_has_no_deadline(server):
     def slow_step(_outputs) -> None:
         time.sleep(0.05)  # 40 steps: 2 s in all
 
-    server.engine_loop.step_hooks.append(slow_step)
+    server.driver.step_hooks.append(slow_step)
     body = {"model": server.model_name, "prompt": "hi", "max_tokens": 40, "ignore_eos": True}
     try:
         started = time.monotonic()
         reply = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
         took = time.monotonic() - started
     finally:
-        server.engine_loop.step_hooks.remove(slow_step)
+        server.driver.step_hooks.remove(slow_step)
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] == 40
     assert took > SHORT.header_timeout_s + SHORT.body_timeout_s  # it did outlast them

@@ -77,7 +77,7 @@ def test_a_huge_unknown_model_name_is_not_echoed(server):
 
 def test_refused_requests_leave_no_tracked_metrics(server):
     def tracked() -> int:
-        return server.engine_loop.call(lambda _: server.metrics.num_tracked).result(timeout=30)
+        return server.driver.call(lambda _: server.metrics.num_tracked).result(timeout=30)
 
     before = tracked()
     too_long = {"model": server.model_name, "prompt": "word " * 400, "max_tokens": 2}
@@ -87,7 +87,7 @@ def test_refused_requests_leave_no_tracked_metrics(server):
 
 
 def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(server):
-    engine = server.engine_loop.engine
+    engine = server.driver.engine
     seen: list[int] = []
     original = engine.tokenize
 

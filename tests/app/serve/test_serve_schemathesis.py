@@ -131,7 +131,7 @@ def test_generated_requests_get_no_5xx_and_conform_to_the_schema(server, tmp_pat
     print(f"schemathesis: {generated} cases in {elapsed:.1f} s, no failures")
 
     # What it sent left nothing behind, and the server still serves.
-    stats = server.engine_loop.call(lambda engine: engine.stats()).result(timeout=30)
+    stats = server.driver.call(lambda engine: engine.stats()).result(timeout=30)
     assert stats["num_running"] == stats["num_waiting"] == 0
     assert stats["kv_blocks_used"] == 0
     headers = {"Authorization": f"Bearer {API_KEY}"}

@@ -145,7 +145,7 @@ def test_vllm_decodes_and_replays_every_batch_our_server_publishes(vllm, served)
         # Seq 0 went out before anyone listened: the pool as it stood, opened by a clear.
         assert isinstance(replayed[0][1].events[0], vllm[0].AllBlocksCleared)
         cached, counts = _cached_after(vllm, [b for _, b in replayed])
-        stats = served.engine_loop.call(lambda e: e.stats()).result()
+        stats = served.driver.call(lambda e: e.stats()).result()
         assert stats["prefix_cache_evictions"] > 0  # the small pool did evict
         assert counts["removed"] == stats["prefix_cache_evictions"]
         assert counts["cleared"] == 1 and counts["stored"] > 0

@@ -144,7 +144,7 @@ def _not_sampling(kind: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def server(default_model):
     srv = start_server(default_model, 48, MAX_MODEL_LEN)
-    srv.vocab_size = srv.engine_loop.call(lambda e: e.model_config.vocab_size).result(60)
+    srv.vocab_size = srv.driver.call(lambda e: e.model_config.vocab_size).result(60)
     yield srv
     srv.stop()
 
@@ -301,7 +301,7 @@ def test_tokenize_returns_token_strs_as_vllm(server):
     assert status == 200, body
     # vLLM's response model reads it back unchanged: same keys, same types.
     assert tokenize.TokenizeResponse.model_validate(body).model_dump() == body
-    tokenizer = server.engine_loop.call(lambda e: e.tokenizer).result(60)
+    tokenizer = server.driver.call(lambda e: e.tokenizer).result(60)
     # vLLM's pieces are the tokenizer's tokens (convert_ids_to_tokens), not decoded text.
     assert body["token_strs"] == tokenizer.convert_ids_to_tokens(body["tokens"])
     assert tokenizer.convert_tokens_to_string(body["token_strs"]) == request["prompt"]

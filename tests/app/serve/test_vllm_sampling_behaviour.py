@@ -137,7 +137,7 @@ def test_include_stop_str_in_output_keeps_the_stop_string(server):
 
 
 def test_skip_special_tokens_false_shows_them(server, short):
-    tokenizer = server.engine_loop.call(lambda e: e.tokenizer).result(60)
+    tokenizer = server.driver.call(lambda e: e.tokenizer).result(60)
     shown = chat(server, ignore_eos=True, skip_special_tokens=False)
     hidden = chat(server, ignore_eos=True)
     # Past its EOS the model goes on into the template's next turn: special tokens galore.

@@ -97,7 +97,7 @@ def test_the_window_says_so_and_replies_completion_style(make_window, qtbot, tmp
     """Switch the running app to a base GGUF: the chat says what it is and the reply it sends
     carries the completion-style stop; back on an instruct file the notice goes."""
     window = make_window()
-    assert not window.chats.base_model and not window.chat.notice.isVisible()
+    assert not window.chats.completion_style.base_model and not window.chat.notice.isVisible()
     base = make_named_gguf(tmp_path / "tiny-base.gguf", name="Tiny", chat_template=None)
     with qtbot.waitSignal(window.engine_ready, timeout=TIMEOUT_MS):
         window.apply_settings(window.settings.with_engine(model=str(base), max_model_len=512))
@@ -118,4 +118,4 @@ def test_the_window_says_so_and_replies_completion_style(make_window, qtbot, tmp
     with qtbot.waitSignal(window.engine_ready, timeout=TIMEOUT_MS):
         window.apply_settings(window.settings.with_engine(model=str(instruct), max_model_len=512))
     qtbot.waitUntil(lambda: not window.chat.notice.isVisible(), timeout=TIMEOUT_MS)
-    assert not window.chats.base_model
+    assert not window.chats.completion_style.base_model

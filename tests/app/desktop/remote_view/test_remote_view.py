@@ -282,7 +282,7 @@ def test_two_kvscope_servers_a_shared_system_prompt_is_attributed_and_its_hit_pr
         qtbot.waitUntil(lambda: "careful assistant" in view.detail.toPlainText(), timeout=10_000)
         # The rows' previews are decoded by the server too, in the background.
         qtbot.waitUntil(lambda: "careful assistant" in branch.text(2), timeout=10_000)
-        tokenizer = servers[0].engine_loop.call(lambda e: e.tokenizer).result(timeout=60)
+        tokenizer = servers[0].driver.call(lambda e: e.tokenizer).result(timeout=60)
         view.set_detokenizer(tokenizer.decode)
         assert "careful assistant" in view.tree.describe(replica_1_branch())
         qtbot.waitUntil(
