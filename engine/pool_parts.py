@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.kv.allocator import KVAllocator
-from kvscope.engine.kv.block_manager import BlockManager
 from kvscope.engine.kv.contiguous import ContiguousBlockManager
 from kvscope.engine.kv.layout import KVLayout
 from kvscope.engine.kv.observers import PoolObservers
+from kvscope.engine.kv.paged import BlockManager
 from kvscope.engine.scheduler import Scheduler
 
 

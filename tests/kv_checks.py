@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from kvscope.engine.kv.block_manager import BlockManager
 from kvscope.engine.kv.contiguous import ContiguousBlockManager
+from kvscope.engine.kv.paged import BlockManager
 from kvscope.engine.kv.snapshot import BlockState
 from kvscope.engine.kv.telemetry import PoolTelemetry
 

@@ -19,7 +19,7 @@ Block hashes are vLLM's (app/core/block_hashes.py): each block announced is hash
 `--prefix-caching-hash-algo` (vLLM's names; sha256 by default, as vLLM's) from its parent's digest
 and its token ids, NONE_HASH seeded from PYTHONHASHSEED or, unset, as vLLM seeds it. A router
 that predicts vLLM's hashes from a prompt therefore predicts ours. The engine keeps its own
-internal keys (engine/kv/block_manager.py); this module maps one to the other. The events carry
+internal keys (engine/kv/paged.py); this module maps one to the other. The events carry
 the low 64 bits as an int (vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, its default) or, with
 that variable set to 0, the digest bytes.
 

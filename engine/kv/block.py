@@ -1,6 +1,6 @@
 """One physical KV block's bookkeeping: its references, and the prefix it holds once hashed.
 
-Shared by the allocation (engine.kv.block_manager) and the prefix-cache index
+Shared by the allocation (engine.kv.paged) and the prefix-cache index
 (engine.kv.prefix_index), below both.
 """
 

@@ -9,7 +9,7 @@ sliding group of window W the blocks from (L - W + 1) // block_size to n - 1 (vL
 rule). A sliding group's block given back early is thus reused only where it is under the new
 sequence's window; the blocks before that start NULL in the new table.
 
-The allocator (engine.kv.block_manager) owns the blocks, their references and the free lists;
+The allocator (engine.kv.paged) owns the blocks, their references and the free lists;
 this index only names the blocks that hold a prefix, hashes token runs and answers prefix
 queries. Plain data, like the allocator.
 """

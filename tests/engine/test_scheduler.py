@@ -3,8 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.engine.kv.block_manager import BlockManager
 from kvscope.engine.kv.events import EventLog, SequencePreempted
+from kvscope.engine.kv.paged import BlockManager
 from kvscope.engine.outputs import RequestMetrics
 from kvscope.engine.sampling_params import SamplingParams
 from kvscope.engine.scheduler import Scheduler

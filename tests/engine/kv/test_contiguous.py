@@ -8,9 +8,9 @@ from kv_checks import assert_telemetry_matches
 
 from kvscope.engine import LLM, SamplingParams
 from kvscope.engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch
-from kvscope.engine.kv.block_manager import BlockManager
 from kvscope.engine.kv.contiguous import ContiguousBlockManager, first_fit
 from kvscope.engine.kv.events import EventLog, SequenceAdded, SequenceFinished, StepProgress
+from kvscope.engine.kv.paged import BlockManager
 from kvscope.engine.kv.snapshot import BlockState
 from kvscope.engine.kv.telemetry import PoolTelemetry
 

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from kv_checks import assert_telemetry_matches
 
-from kvscope.engine.kv.block_manager import BlockManager
 from kvscope.engine.kv.events import (
     EventLog,
     SequenceAdded,
@@ -21,6 +20,7 @@ from kvscope.engine.kv.events import (
     event_from_json,
     event_to_json,
 )
+from kvscope.engine.kv.paged import BlockManager
 from kvscope.engine.kv.prefix_index import PrefixIndex
 from kvscope.engine.kv.telemetry import PoolTelemetry
 

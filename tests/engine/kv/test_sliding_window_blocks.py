@@ -9,7 +9,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kv_checks import assert_telemetry_matches
 
 from kvscope.engine.kv.allocator import NULL_BLOCK
-from kvscope.engine.kv.block_manager import BlockManager
 from kvscope.engine.kv.events import (
     EventLog,
     SequenceAdded,
@@ -19,6 +18,7 @@ from kvscope.engine.kv.events import (
     event_to_json,
 )
 from kvscope.engine.kv.layout import KVLayout
+from kvscope.engine.kv.paged import BlockManager
 from kvscope.engine.kv.telemetry import PoolTelemetry
 
 GEMMA3_270M = (512,) * 5 + (None,) + (512,) * 5 + (None,) + (512,) * 5 + (None,)

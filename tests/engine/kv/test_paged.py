@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvscope.engine.kv.allocator import NoFreeBlocksError
-from kvscope.engine.kv.block_manager import BlockManager
+from kvscope.engine.kv.paged import BlockManager
 
 
 def test_blocks_are_allocated_one_at_a_time_as_a_sequence_grows():
