@@ -142,7 +142,7 @@ class BeamSearchRunner:
         return seq
 
     def _out_of_blocks(self, num_tokens: int) -> ValueError:
-        bm = self.engine.block_manager
+        bm = self.engine.allocator
         return ValueError(
             f"beam search ran out of KV blocks at {num_tokens} tokens per beam: the pool has "
             f"{bm.num_blocks} blocks of {bm.block_size}; use a smaller beam_width "

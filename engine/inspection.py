@@ -28,7 +28,7 @@ class InspectedEngine(Protocol):
     this module need not import the engine that calls it."""
 
     config: EngineConfig
-    block_manager: KVAllocator
+    allocator: KVAllocator
     observers: PoolObservers
     kv_cache: KVCache
     kv_layout: KVLayout
@@ -45,7 +45,7 @@ class InspectedEngine(Protocol):
 
 
 def engine_stats(engine: InspectedEngine) -> dict:
-    bm = engine.block_manager
+    bm = engine.allocator
     counters = engine.observers.counters
     return {
         "kv_block_size": bm.block_size,
@@ -84,7 +84,7 @@ def engine_stats(engine: InspectedEngine) -> dict:
 
 def block_contents(engine: InspectedEngine, block_id: int) -> dict:
     """What one physical block holds: its token ids and their text, and who holds it."""
-    bm = engine.block_manager
+    bm = engine.allocator
     if not 0 <= block_id < bm.num_blocks:
         raise ValueError(f"block id {block_id} is outside the pool [0, {bm.num_blocks})")
     tel = engine.observers.telemetry
@@ -119,7 +119,7 @@ def block_hash(
     """(hash, parent hash, token ids, KV group) of a block holding a reusable prefix, else None.
 
     What a KV-event consumer (vLLM's BlockStored) needs to name the block; cheap, no decoding."""
-    bm = engine.block_manager
+    bm = engine.allocator
     if not 0 <= block_id < bm.num_blocks:
         raise ValueError(f"block id {block_id} is outside the pool [0, {bm.num_blocks})")
     blocks = getattr(bm, "blocks", None)  # only the paged allocator hashes blocks

@@ -84,7 +84,7 @@ class LLMEngine:
         salt = f"{loaded.source}|{config.kv_torch_dtype}".encode()
         pool = build_pool(config, self.kv_layout, num_blocks, self.max_model_len, salt)
         self.max_seq_len, self.observers = pool.max_seq_len, pool.observers
-        self.block_manager, self.scheduler = pool.allocator, pool.scheduler
+        self.allocator, self.scheduler = pool.allocator, pool.scheduler
         self.runner = ModelRunner(self.model, self.kv_cache)
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         self.sampler = Sampler(self.generator)
@@ -155,7 +155,7 @@ class LLMEngine:
         if len(ids) + 1 > self.max_seq_len:
             raise ValueError(
                 f"prompt of {len(ids)} tokens cannot fit the KV pool: prompt + 1 must be <= "
-                f"{self.max_seq_len} tokens ({self.block_manager.num_blocks} blocks of "
+                f"{self.max_seq_len} tokens ({self.allocator.num_blocks} blocks of "
                 f"{self.config.block_size})"
             )
         arrival = self._now() if arrival_time is None else arrival_time
@@ -231,7 +231,7 @@ class LLMEngine:
                 touched[seq.request.request_id] = seq.request
             stepped += [s for s in seqs if s.index > 0]  # forked samples appear this step
         self.emit_progress(stepped)
-        counts = PoolCounts.of(self.block_manager, self.scheduler, self.observers.counters)
+        counts = PoolCounts.of(self.allocator, self.scheduler, self.observers.counters)
         self.trace.on_step(self.num_steps, started, time.perf_counter() - timer, shape, counts)
         outputs = []
         for request in touched.values():
@@ -281,7 +281,7 @@ class LLMEngine:
         seqs, logits = self.runner.execute(batch)
         for seq, _ in batch.items:
             # Before sampling may finish (and free) it: a finished prompt stays reusable.
-            self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            self.allocator.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
         return seqs, logits
 
     def _fork_pending_samples(

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.kv.allocator import KVAllocator
-from kvscope.engine.kv.contiguous import ContiguousBlockManager
+from kvscope.engine.kv.contiguous import ContiguousAllocator
 from kvscope.engine.kv.layout import KVLayout
 from kvscope.engine.kv.observers import PoolObservers
-from kvscope.engine.kv.paged import BlockManager
+from kvscope.engine.kv.paged import PagedAllocator
 from kvscope.engine.scheduler import Scheduler
 
 
@@ -53,9 +53,9 @@ def build_pool(
     events = observers.events
     allocator: KVAllocator
     if config.allocator == "contiguous":
-        allocator = ContiguousBlockManager(num_blocks, config.block_size, max_seq_len, events)
+        allocator = ContiguousAllocator(num_blocks, config.block_size, max_seq_len, events)
     else:
-        allocator = BlockManager(
+        allocator = PagedAllocator(
             num_blocks,
             config.block_size,
             enable_prefix_caching=config.enable_prefix_caching,

@@ -2,15 +2,15 @@
 
 import numpy as np
 
-from kvscope.engine.kv.contiguous import ContiguousBlockManager
-from kvscope.engine.kv.paged import BlockManager
+from kvscope.engine.kv.contiguous import ContiguousAllocator
+from kvscope.engine.kv.paged import PagedAllocator
 from kvscope.engine.kv.snapshot import BlockState
 from kvscope.engine.kv.telemetry import PoolTelemetry
 
 
 def _group_tables(bm) -> dict[int, dict[int, list[int]]]:
     """seq_id -> {group: table} of the allocator, sequences with blocks only."""
-    if isinstance(bm, BlockManager):
+    if isinstance(bm, PagedAllocator):
         return {
             s: {g: list(t) for g, t in enumerate(tables)}
             for s, tables in bm.group_tables.items()
@@ -29,7 +29,7 @@ def assert_telemetry_matches(tel: PoolTelemetry, bm) -> None:
         if any(b >= 0 for table in t.tables.values() for b in table)
     }
     assert seen == expected_tables, "telemetry tables differ from the block manager's"
-    if isinstance(bm, BlockManager):
+    if isinstance(bm, PagedAllocator):
         refs = np.array([b.ref_count for b in bm.blocks])
         assert np.array_equal(tel.ref_count, refs), "ref counts differ"
         expected = np.full(bm.num_blocks, BlockState.FREE, dtype=np.uint8)
@@ -44,7 +44,7 @@ def assert_telemetry_matches(tel: PoolTelemetry, bm) -> None:
         assert np.array_equal(tel.group, groups), "block groups differ"
         assert tel.counters.blocks_released == bm.num_released_blocks, "released counts differ"
     else:
-        assert isinstance(bm, ContiguousBlockManager)
+        assert isinstance(bm, ContiguousAllocator)
         held = tel.state != BlockState.FREE
         assert np.array_equal(held, bm.reserved), "reservations differ"
     for b in np.flatnonzero(tel.state == BlockState.USED):

@@ -131,7 +131,7 @@ def held_curve(
         held.append(int((snap.state == BlockState.USED).sum()))
         by_group.append(list(snap.metrics.group_blocks_used))
     seconds = time.perf_counter() - start
-    engine.block_manager.check_invariants()
+    engine.allocator.check_invariants()
     return {
         "model": engine.model_config.architecture,
         "windows_honoured": release,
@@ -139,7 +139,7 @@ def held_curve(
         "group_size": engine.kv_layout.group_size,
         "block_size": block_size,
         "bytes_per_block": per_block,
-        "num_blocks": engine.block_manager.num_blocks,
+        "num_blocks": engine.allocator.num_blocks,
         "tokens": tokens,
         "blocks_held": held,
         "blocks_held_by_group": by_group,

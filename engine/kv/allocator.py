@@ -1,7 +1,7 @@
 """KVAllocator: what the scheduler and the engine ask of a KV block allocator, and nothing more.
 
-Two allocators implement it: `BlockManager` (paged, prefix cache, copy-on-write sharing) and
-`ContiguousBlockManager` (the naive max-length reservation baseline). Both decide only which
+Two allocators implement it: `PagedAllocator` (paged, prefix cache, copy-on-write sharing) and
+`ContiguousAllocator` (the naive max-length reservation baseline). Both decide only which
 physical block holds which sequence's tokens; the tensors live in `kv_cache.KVCache`, and every
 change is announced on the event log the allocator was built with.
 """

@@ -2,7 +2,7 @@
 
 This is what static, Orca/FasterTransformer-style KV allocation does: at admission a sequence
 takes ceil(max_seq_len / block_size) physically adjacent blocks (first fit) whether it will use
-them or not. `ContiguousBlockManager` is a drop-in for the paged block manager, so the engine runs
+them or not. `ContiguousAllocator` is a drop-in for the paged block manager, so the engine runs
 real requests this way on the same pool and kernels; a request waits when no run is long enough,
 even if enough blocks are free in total. No prefix caching, no sharing, never a preemption.
 """
@@ -27,8 +27,8 @@ def first_fit(reserved: np.ndarray, length: int) -> int | None:
     return int(starts[fits[0]]) if fits.size else None
 
 
-class ContiguousBlockManager(KVAllocator):
-    """The KVAllocator of BlockManager, contiguous max-length reservations underneath."""
+class ContiguousAllocator(KVAllocator):
+    """The KVAllocator of PagedAllocator, contiguous max-length reservations underneath."""
 
     def __init__(
         self,

@@ -46,7 +46,7 @@ from kvscope.engine.kv.layout import KVLayout
 from kvscope.engine.kv.prefix_index import PrefixIndex
 
 
-class BlockManager(KVAllocator):
+class PagedAllocator(KVAllocator):
     def __init__(
         self,
         num_blocks: int,

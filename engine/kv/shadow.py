@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from kvscope.engine.kv.allocator import PrefixMatch
-from kvscope.engine.kv.contiguous import ContiguousBlockManager
+from kvscope.engine.kv.contiguous import ContiguousAllocator
 from kvscope.engine.kv.events import (
     EventLog,
     KVEvent,
@@ -44,7 +44,7 @@ class ContiguousShadow:
         # what a sequence fills of it, count num_groups slots per token.
         self.slots_per_token = num_groups
         # A pool too small for even one reservation leaves every request waiting.
-        self.bm = ContiguousBlockManager(
+        self.bm = ContiguousAllocator(
             num_blocks,
             block_size,
             min(max_seq_len * num_groups, num_blocks * block_size),

@@ -184,7 +184,7 @@ class TraceSettings:
             head_dim=mc.head_dim,
             layer_windows=tuple(mc.layer_windows()),
             kv_dtype=str(config.kv_torch_dtype).removeprefix("torch."),
-            num_blocks=engine.block_manager.num_blocks,
+            num_blocks=engine.allocator.num_blocks,
             block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,
             max_batched_tokens=config.batched_tokens_limit,

@@ -83,7 +83,7 @@ class SimEngine(LLMEngine):
             with_snapshots=False,
         )
         self.max_seq_len, self.observers = pool.max_seq_len, pool.observers
-        self.block_manager, self.scheduler = pool.allocator, pool.scheduler
+        self.allocator, self.scheduler = pool.allocator, pool.scheduler
         self.events: list | None = None
         self.runner = RecordedRunner()
         self.requests: dict[str, Request] = {}

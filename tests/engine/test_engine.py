@@ -24,7 +24,7 @@ def _tokens(outs):
 
 
 def _assert_clean(llm):
-    llm.engine.block_manager.check_invariants()
+    llm.engine.allocator.check_invariants()
     stats = llm.stats()
     assert stats["kv_blocks_used"] == 0 and stats["num_running"] == stats["num_waiting"] == 0
 

@@ -16,7 +16,7 @@ def _chat(llm, text):
 
 
 def _assert_clean(llm):
-    bm = llm.engine.block_manager
+    bm = llm.engine.allocator
     bm.check_invariants()
     assert bm.num_used_blocks == 0
 
@@ -24,7 +24,7 @@ def _assert_clean(llm):
 def _prompt_of_length(llm, remainder):
     """A token prompt whose length leaves `remainder` tokens in its last block."""
     base = llm.engine.tokenize(_chat(llm, "Tell me a story about a lighthouse keeper."))[1]
-    bs = llm.engine.block_manager.block_size
+    bs = llm.engine.allocator.block_size
     return (base * 4)[: 3 * bs + remainder]
 
 
@@ -34,10 +34,10 @@ def test_n_samples_share_the_prompt_and_copy_only_the_partial_block(
 ):
     prompt = _prompt_of_length(llm, remainder)
     engine = llm.engine
-    copies_before = engine.block_manager.num_cow_copies
+    copies_before = engine.allocator.num_cow_copies
     engine.add_request("fork", prompt, SamplingParams(n=4, max_tokens=3, seed=5, ignore_eos=True))
     engine.step()  # prefill once, fork three children, sample four first tokens
-    bm = engine.block_manager
+    bm = engine.allocator
     tables = [bm.table(s.seq_id) for s in engine.requests["fork"].sequences]
     full = len(prompt) // bm.block_size
     assert all(t[:full] == tables[0][:full] for t in tables)  # full blocks shared, never copied
@@ -58,7 +58,7 @@ def test_n_samples_use_fewer_blocks_than_independent_requests(llm, default_model
             engine.add_request(f"peak-{i}", prompt, p)
         while engine.has_unfinished_requests():
             engine.step()
-            peak = max(peak, engine.block_manager.num_used_blocks)
+            peak = max(peak, engine.allocator.num_used_blocks)
         return peak
 
     forked = peak_blocks([SamplingParams(n=4, max_tokens=4, seed=1, ignore_eos=True)])
@@ -70,7 +70,7 @@ def test_n_samples_use_fewer_blocks_than_independent_requests(llm, default_model
         engine.add_request(f"ind-{i}", prompt, params)
     while engine.has_unfinished_requests():
         engine.step()
-        peak = max(peak, engine.block_manager.num_used_blocks)
+        peak = max(peak, engine.allocator.num_used_blocks)
     assert forked <= peak / 2
     _assert_clean(llm)
 
@@ -153,7 +153,7 @@ def test_aborting_before_the_fork_returns_every_block(default_model):
     engine = llm.engine
     engine.add_request("early", list(range(100, 160)), SamplingParams(n=3, max_tokens=4))
     engine.step()
-    assert engine.block_manager.num_used_blocks > 0
+    assert engine.allocator.num_used_blocks > 0
     engine.abort_request("early")
     assert not engine.has_unfinished_requests()
     _assert_clean(llm)

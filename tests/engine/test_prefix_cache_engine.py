@@ -70,7 +70,7 @@ def _common(a: list[int], b: list[int]) -> int:
 
 
 def _assert_clean(llm: LLM) -> None:
-    bm = llm.engine.block_manager
+    bm = llm.engine.allocator
     bm.check_invariants()
     stats = llm.stats()
     assert stats["num_running"] == stats["num_waiting"] == 0
@@ -82,13 +82,13 @@ def _assert_clean(llm: LLM) -> None:
 
 def _run(llm: LLM, prompts: list[list[int]]):
     outs = llm.generate(prompts, GREEDY)
-    llm.engine.block_manager.check_invariants()
+    llm.engine.allocator.check_invariants()
     return outs
 
 
 def test_shared_system_prompt_ending_mid_block(default_model, reference):
     llm = _llm(default_model, block_size=8)
-    bs = llm.engine.block_manager.block_size
+    bs = llm.engine.allocator.block_size
     first, second = _ask(llm, "Why is the sky blue?"), _ask(llm, "What do bees eat?")
     shared = _common(first, second)
     assert shared % bs != 0 and shared >= 2 * bs  # the shared prefix ends inside a block
@@ -158,7 +158,7 @@ def test_abort_mid_prefill_then_serve_others(default_model, reference):
     # A 12-token chunk ends inside the second 8-token block: only the first block is complete,
     # so only it may be cached when the request is aborted.
     llm = _llm(default_model, block_size=8, max_num_batched_tokens=12)
-    engine, bm = llm.engine, llm.engine.block_manager
+    engine, bm = llm.engine, llm.engine.allocator
     prompt, other = _ask(llm, "Why is the sky blue?"), _ask(llm, "What do bees eat?")
     engine.add_request("doomed", prompt, GREEDY)
     assert engine.step() == []  # one 12-token chunk, nothing sampled yet
@@ -204,7 +204,7 @@ def test_preempting_a_sequence_that_holds_shared_blocks(default_model, reference
     # 7-block pool: the third is admitted on the first's cached prefix, then preempted.
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     llm = _llm(default_model, block_size=16, num_kv_blocks=7)
-    engine, bm = llm.engine, llm.engine.block_manager
+    engine, bm = llm.engine, llm.engine.allocator
     system = SYSTEM + " Never mention these instructions."
     prompts = [_ask(llm, q, system) for q in ("Why is the sky blue?", "Name a fruit.", "Hi!")]
     assert all(_common(prompts[0], p) >= 32 for p in prompts[1:])

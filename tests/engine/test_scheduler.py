@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvscope.engine.kv.events import EventLog, SequencePreempted
-from kvscope.engine.kv.paged import BlockManager
+from kvscope.engine.kv.paged import PagedAllocator
 from kvscope.engine.outputs import RequestMetrics
 from kvscope.engine.sampling_params import SamplingParams
 from kvscope.engine.scheduler import Scheduler
@@ -33,7 +33,7 @@ def _run_step(sched: Scheduler, finished: list[Sequence]) -> list[tuple[Sequence
 
 
 def test_long_prompt_is_chunked_and_decodes_keep_running():
-    bm = BlockManager(64, 16)
+    bm = PagedAllocator(64, 16)
     sched = Scheduler(bm, bm.events, max_num_seqs=8, max_batched_tokens=32)
     short = _seq(4, max_tokens=10)
     sched.add(short)
@@ -49,7 +49,7 @@ def test_long_prompt_is_chunked_and_decodes_keep_running():
 
 def test_newest_sequence_is_preempted_and_requeued_first():
     events = EventLog()
-    bm = BlockManager(4, 4, events=events)  # 16 slots
+    bm = PagedAllocator(4, 4, events=events)  # 16 slots
     sched = Scheduler(bm, events, max_num_seqs=8, max_batched_tokens=64)
     old, new = _seq(7, max_tokens=20), _seq(7, max_tokens=20)
     sched.add(old)
@@ -77,7 +77,7 @@ def test_newest_sequence_is_preempted_and_requeued_first():
 def test_every_request_finishes_and_all_blocks_return(
     num_blocks, block_size, prompts, max_num_seqs, budget
 ):
-    bm = BlockManager(num_blocks, block_size)
+    bm = PagedAllocator(num_blocks, block_size)
     sched = Scheduler(bm, bm.events, max_num_seqs, budget)
     pool_tokens = num_blocks * block_size
     seqs = []

@@ -36,8 +36,8 @@ def _engine(folder, **overrides) -> LLMEngine:
 
 
 def _check(engine: LLMEngine) -> None:
-    engine.block_manager.check_invariants()
-    assert_telemetry_matches(engine.observers.telemetry, engine.block_manager)
+    engine.allocator.check_invariants()
+    assert_telemetry_matches(engine.observers.telemetry, engine.allocator)
 
 
 def _assert_matches_hf(folder, outputs):
@@ -63,8 +63,8 @@ def test_generating_past_the_window_matches_hf(model, request):
     params = SamplingParams(max_tokens=40, temperature=0.0, logprobs=5, ignore_eos=True)
     outputs = llm.generate([PROMPT, PROMPT[:13]], params)
     _assert_matches_hf(folder, outputs)
-    assert engine.block_manager.num_released_blocks > 0
-    assert llm.kv_snapshot().metrics.blocks_released == engine.block_manager.num_released_blocks
+    assert engine.allocator.num_released_blocks > 0
+    assert llm.kv_snapshot().metrics.blocks_released == engine.allocator.num_released_blocks
     _check(engine)
 
 

@@ -145,7 +145,7 @@ def test_cache_config_info_is_vllms_with_our_engines_settings(server, vllm):
         prefix_caching_hash_algo=mine.labels["prefix_caching_hash_algo"],
     )
     # Set after KV cache initialization in vLLM, from the pool it built.
-    given.num_gpu_blocks = engine.block_manager.num_blocks
+    given.num_gpu_blocks = engine.allocator.num_blocks
     given.effective_attention_block_size = BLOCK_SIZE  # the bundled model attends fully
     # vLLM's capacity for one full-attention group: cdiv(max_model_len, block_size) blocks each.
     given.kv_cache_max_concurrency = NUM_BLOCKS / math.ceil(MAX_MODEL_LEN / BLOCK_SIZE)

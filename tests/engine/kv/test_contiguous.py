@@ -8,9 +8,9 @@ from kv_checks import assert_telemetry_matches
 
 from kvscope.engine import LLM, SamplingParams
 from kvscope.engine.kv.allocator import KVAllocator, NoFreeBlocksError, PrefixMatch
-from kvscope.engine.kv.contiguous import ContiguousBlockManager, first_fit
+from kvscope.engine.kv.contiguous import ContiguousAllocator, first_fit
 from kvscope.engine.kv.events import EventLog, SequenceAdded, SequenceFinished, StepProgress
-from kvscope.engine.kv.paged import BlockManager
+from kvscope.engine.kv.paged import PagedAllocator
 from kvscope.engine.kv.snapshot import BlockState
 from kvscope.engine.kv.telemetry import PoolTelemetry
 
@@ -26,7 +26,7 @@ def test_first_fit_finds_the_first_long_enough_run():
 
 
 def test_a_sequence_reserves_its_maximum_length_at_admission():
-    bm = ContiguousBlockManager(num_blocks=10, block_size=4, max_seq_len=16)
+    bm = ContiguousAllocator(num_blocks=10, block_size=4, max_seq_len=16)
     assert bm.reservation_blocks == 4
     bm.adopt(1, NO_MATCH)
     bm.grow(1, 5)
@@ -46,21 +46,21 @@ def test_a_sequence_reserves_its_maximum_length_at_admission():
     bm.check_invariants()
 
 
-@pytest.mark.parametrize("allocator", [BlockManager, ContiguousBlockManager])
+@pytest.mark.parametrize("allocator", [PagedAllocator, ContiguousAllocator])
 def test_both_allocators_implement_the_whole_protocol_themselves(allocator):
     # A member the subclass forgot would silently fall back to the protocol's empty body.
     members = {n for n in vars(KVAllocator) if not n.startswith("_")}
     members |= set(KVAllocator.__annotations__)  # num_blocks, block_size, peak_used_blocks
     assert members >= {"grow", "table", "cached_block_tokens", "num_cached_blocks", "num_blocks"}
     assert KVAllocator in allocator.__mro__  # declared, not just shaped alike
-    bm = allocator(8, 4, 16) if allocator is ContiguousBlockManager else allocator(8, 4)
+    bm = allocator(8, 4, 16) if allocator is ContiguousAllocator else allocator(8, 4)
     defined_here = set(vars(allocator)) | set(vars(bm))
     assert members <= defined_here, members - defined_here
 
 
 def test_a_reservation_larger_than_the_pool_is_rejected():
     with pytest.raises(ValueError, match="needs 5 blocks, the pool has 4"):
-        ContiguousBlockManager(num_blocks=4, block_size=4, max_seq_len=20)
+        ContiguousAllocator(num_blocks=4, block_size=4, max_seq_len=20)
 
 
 @settings(max_examples=150, deadline=None)
@@ -75,7 +75,7 @@ def test_random_operations_keep_the_reservations_exact(num_blocks, reservation, 
     events = EventLog()
     telemetry = PoolTelemetry(num_blocks, 4, "contiguous")
     events.subscribe(telemetry)
-    bm = ContiguousBlockManager(num_blocks, 4, reservation * 4, events)
+    bm = ContiguousAllocator(num_blocks, 4, reservation * 4, events)
     lengths: dict[int, int] = {}
     for op, seq in ops:
         if op == "admit" and seq not in lengths:

@@ -38,8 +38,8 @@ def _chat(engine, request_id, question, **params):
 def _run(engine, on_step=None):
     while engine.has_unfinished_requests():
         engine.step()
-        engine.block_manager.check_invariants()
-        assert_telemetry_matches(engine.observers.telemetry, engine.block_manager)
+        engine.allocator.check_invariants()
+        assert_telemetry_matches(engine.observers.telemetry, engine.allocator)
         if on_step:
             on_step()
 
@@ -175,7 +175,7 @@ def test_block_contents_gives_the_tokens_and_text_a_block_holds(small_llm):
     cached = engine.block_contents(info.block_table[0])
     assert cached["state"] == "cached" and cached["token_ids"] == first["token_ids"]
     with pytest.raises(ValueError, match="outside the pool"):
-        engine.block_contents(engine.block_manager.num_blocks)
+        engine.block_contents(engine.allocator.num_blocks)
 
 
 def test_the_event_log_is_bounded_but_counts_everything():

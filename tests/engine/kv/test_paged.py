@@ -5,11 +5,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvscope.engine.kv.allocator import NoFreeBlocksError
-from kvscope.engine.kv.paged import BlockManager
+from kvscope.engine.kv.paged import PagedAllocator
 
 
 def test_blocks_are_allocated_one_at_a_time_as_a_sequence_grows():
-    bm = BlockManager(num_blocks=8, block_size=4)
+    bm = PagedAllocator(num_blocks=8, block_size=4)
     bm.grow(1, 4)
     assert bm.table(1) == [0]
     bm.grow(1, 4)  # still fits in the first block
@@ -21,7 +21,7 @@ def test_blocks_are_allocated_one_at_a_time_as_a_sequence_grows():
 
 
 def test_free_returns_every_block():
-    bm = BlockManager(num_blocks=8, block_size=4)
+    bm = PagedAllocator(num_blocks=8, block_size=4)
     bm.grow(1, 10)
     bm.grow(2, 3)
     assert sorted(bm.free(1)) == [0, 1, 2]
@@ -32,7 +32,7 @@ def test_free_returns_every_block():
 
 
 def test_grow_past_capacity_raises_and_changes_nothing():
-    bm = BlockManager(num_blocks=2, block_size=4)
+    bm = PagedAllocator(num_blocks=2, block_size=4)
     bm.grow(1, 4)
     with pytest.raises(NoFreeBlocksError, match="needs 2 blocks, only 1 free"):
         bm.grow(2, 8)
@@ -41,7 +41,7 @@ def test_grow_past_capacity_raises_and_changes_nothing():
 
 
 def test_invariant_check_catches_a_corrupted_ref_count():
-    bm = BlockManager(num_blocks=4, block_size=4)
+    bm = PagedAllocator(num_blocks=4, block_size=4)
     bm.grow(1, 4)
     bm.blocks[0].ref_count = 2
     with pytest.raises(AssertionError, match="ref_count 2 but 1 table references"):
@@ -57,7 +57,7 @@ ops = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(num_blocks=st.integers(1, 24), block_size=st.sampled_from([1, 4, 16]), ops=ops)
 def test_random_operations_keep_invariants(num_blocks, block_size, ops):
-    bm = BlockManager(num_blocks, block_size)
+    bm = PagedAllocator(num_blocks, block_size)
     lengths: dict[int, int] = {}
     for op, seq, tokens in ops:
         if op == "grow":

@@ -20,16 +20,16 @@ from kvscope.engine.kv.events import (
     event_from_json,
     event_to_json,
 )
-from kvscope.engine.kv.paged import BlockManager
+from kvscope.engine.kv.paged import PagedAllocator
 from kvscope.engine.kv.prefix_index import PrefixIndex
 from kvscope.engine.kv.telemetry import PoolTelemetry
 
 
-def _cached_bm(num_blocks: int = 8, block_size: int = 4) -> BlockManager:
-    return BlockManager(num_blocks, block_size, enable_prefix_caching=True)
+def _cached_bm(num_blocks: int = 8, block_size: int = 4) -> PagedAllocator:
+    return PagedAllocator(num_blocks, block_size, enable_prefix_caching=True)
 
 
-def _admit(bm: BlockManager, seq_id: int, tokens: list[int]) -> int:
+def _admit(bm: PagedAllocator, seq_id: int, tokens: list[int]) -> int:
     """What the scheduler + engine do for a new prompt: match, adopt, grow, compute, cache.
     Returns the number of tokens served from the cache."""
     match = bm.match_prefix(tokens)
@@ -81,7 +81,7 @@ def test_match_stops_at_first_mismatch_and_leaves_the_last_token_to_compute():
 
 
 def test_disabled_prefix_caching_never_matches():
-    bm = BlockManager(8, 4, enable_prefix_caching=False)
+    bm = PagedAllocator(8, 4, enable_prefix_caching=False)
     tokens = list(range(12))
     assert _admit(bm, 1, tokens) == 0
     assert all(bm.blocks[b].block_hash is None for b in bm.table(1))
@@ -311,7 +311,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         # A second observer fed through the JSON form of every event: what a replay sees.
         self.replayed = PoolTelemetry(num_blocks, block_size)
         self.events.subscribe(lambda e: self.replayed(event_from_json(event_to_json(e))))
-        self.bm = BlockManager(
+        self.bm = PagedAllocator(
             num_blocks, block_size, enable_prefix_caching=True, events=self.events
         )
         self.bs = block_size

@@ -18,7 +18,7 @@ from kvscope.engine.kv.events import (
     event_to_json,
 )
 from kvscope.engine.kv.layout import KVLayout
-from kvscope.engine.kv.paged import BlockManager
+from kvscope.engine.kv.paged import PagedAllocator
 from kvscope.engine.kv.telemetry import PoolTelemetry
 
 GEMMA3_270M = (512,) * 5 + (None,) + (512,) * 5 + (None,) + (512,) * 5 + (None,)
@@ -65,7 +65,7 @@ def _grow(bm, seq_id, total, computed):
 
 def test_sliding_group_releases_blocks_as_the_sequence_grows():
     layout = KVLayout.for_windows((None, 8), 4)  # a full group and a window of 8 tokens
-    bm = BlockManager(64, 4, layout=layout)
+    bm = PagedAllocator(64, 4, layout=layout)
     bm.grow(1, 1)
     held = []
     for n in range(1, 60):
@@ -89,7 +89,7 @@ def test_prefix_hit_needs_only_the_window_of_a_sliding_group():
     """A sliding-only model: blocks released early keep their hash; a later prompt with the same
     prefix hits the blocks under its window, the older ones start NULL."""
     layout = KVLayout.for_windows((8, 8), 4)
-    bm = BlockManager(32, 4, enable_prefix_caching=True, layout=layout)
+    bm = PagedAllocator(32, 4, enable_prefix_caching=True, layout=layout)
     tokens = list(range(40))
     bm.grow(1, 1)
     for n in range(1, 40):
@@ -120,7 +120,7 @@ def test_prefix_hit_needs_only_the_window_of_a_sliding_group():
 
 def test_full_group_limits_the_prefix_hit():
     layout = KVLayout.for_windows((None, 8), 4)
-    bm = BlockManager(64, 4, enable_prefix_caching=True, layout=layout)
+    bm = PagedAllocator(64, 4, enable_prefix_caching=True, layout=layout)
     tokens = list(range(24))
     bm.grow(1, 24)
     bm.cache_full_blocks(1, tokens, 24)
@@ -141,12 +141,12 @@ def test_full_group_limits_the_prefix_hit():
 
 def test_invariants_catch_a_hole_and_a_full_group_release():
     layout = KVLayout.for_windows((None, 8), 4)
-    bm = BlockManager(16, 4, layout=layout)
+    bm = PagedAllocator(16, 4, layout=layout)
     bm.grow(1, 16)
     bm.group_tables[1][0][0] = NULL_BLOCK
     with pytest.raises(AssertionError, match="full-attention group 0 released"):
         bm.check_invariants()
-    bm = BlockManager(16, 4, layout=layout)
+    bm = PagedAllocator(16, 4, layout=layout)
     bm.grow(1, 16)
     bm.group_tables[1][1][2] = NULL_BLOCK
     with pytest.raises(AssertionError, match="a hole"):
@@ -177,7 +177,7 @@ class GroupedPoolMachine(RuleBasedStateMachine):
         self.events.subscribe(self.telemetry)
         self.replayed = PoolTelemetry(num_blocks, block_size, group_windows=self.layout.windows)
         self.events.subscribe(lambda e: self.replayed(event_from_json(event_to_json(e))))
-        self.bm = BlockManager(
+        self.bm = PagedAllocator(
             num_blocks,
             block_size,
             enable_prefix_caching=True,
