@@ -112,12 +112,42 @@ def chunk4(codes, scale, low, xq, xd, xs, group, y):
                 prefetch(lw, w_at + AHEAD // 8)
                 m = r0
                 while m + ROW_BLOCK <= r1:
-                    tile4_block(flat, at, xflat, m * k + b * 32, k, dflat, sflat, m * groups + b,
-                                groups, sc, lw, w_at, yflat, m * nc + t * TILE, nc)  # fmt: skip
+                    tile4_block(
+                        flat,
+                        at,
+                        xflat,
+                        m * k + b * 32,
+                        k,
+                        dflat,
+                        sflat,
+                        m * groups + b,
+                        groups,
+                        sc,
+                        lw,
+                        w_at,
+                        yflat,
+                        m * nc + t * TILE,
+                        nc,
+                    )
                     m += ROW_BLOCK
                 while m < r1:
-                    tile4_row(flat, at, xflat, m * k + b * 32, k, dflat, sflat, m * groups + b,
-                              groups, sc, lw, w_at, yflat, m * nc + t * TILE, nc)  # fmt: skip
+                    tile4_row(
+                        flat,
+                        at,
+                        xflat,
+                        m * k + b * 32,
+                        k,
+                        dflat,
+                        sflat,
+                        m * groups + b,
+                        groups,
+                        sc,
+                        lw,
+                        w_at,
+                        yflat,
+                        m * nc + t * TILE,
+                        nc,
+                    )
                     m += 1
 
 
@@ -150,20 +180,80 @@ def chunk8(codes, scale, low, xq, xd, xs, group, y):
                 while m + ROW_BLOCK <= r1:
                     x_at, d_at, y_at = m * k + b * a, m * groups + b, m * nc + t * TILE
                     if a == 32:
-                        tile8_block_32(flat, at, xflat, x_at, k, dflat, sflat, d_at, groups, sc,
-                                       lw, w_at, yflat, y_at, nc)  # fmt: skip
+                        tile8_block_32(
+                            flat,
+                            at,
+                            xflat,
+                            x_at,
+                            k,
+                            dflat,
+                            sflat,
+                            d_at,
+                            groups,
+                            sc,
+                            lw,
+                            w_at,
+                            yflat,
+                            y_at,
+                            nc,
+                        )
                     else:
-                        tile8_block_16(flat, at, xflat, x_at, k, dflat, sflat, d_at, groups, sc,
-                                       lw, w_at, yflat, y_at, nc)  # fmt: skip
+                        tile8_block_16(
+                            flat,
+                            at,
+                            xflat,
+                            x_at,
+                            k,
+                            dflat,
+                            sflat,
+                            d_at,
+                            groups,
+                            sc,
+                            lw,
+                            w_at,
+                            yflat,
+                            y_at,
+                            nc,
+                        )
                     m += ROW_BLOCK
                 while m < r1:
                     x_at, d_at, y_at = m * k + b * a, m * groups + b, m * nc + t * TILE
                     if a == 32:
-                        tile8_row_32(flat, at, xflat, x_at, k, dflat, sflat, d_at, groups, sc, lw,
-                                     w_at, yflat, y_at, nc)  # fmt: skip
+                        tile8_row_32(
+                            flat,
+                            at,
+                            xflat,
+                            x_at,
+                            k,
+                            dflat,
+                            sflat,
+                            d_at,
+                            groups,
+                            sc,
+                            lw,
+                            w_at,
+                            yflat,
+                            y_at,
+                            nc,
+                        )
                     else:
-                        tile8_row_16(flat, at, xflat, x_at, k, dflat, sflat, d_at, groups, sc, lw,
-                                     w_at, yflat, y_at, nc)  # fmt: skip
+                        tile8_row_16(
+                            flat,
+                            at,
+                            xflat,
+                            x_at,
+                            k,
+                            dflat,
+                            sflat,
+                            d_at,
+                            groups,
+                            sc,
+                            lw,
+                            w_at,
+                            yflat,
+                            y_at,
+                            nc,
+                        )
                     m += 1
 
 

@@ -141,16 +141,34 @@ class MapColors:
 
 
 DARK_MAP = MapColors(
-    "dark", PALETTE_HEX, BACKGROUND_HEX, FREE_HEX, CACHED_HEX, UNKNOWN_HEX, "#FFFFFF",
-    PAGED_HEX, NAIVE_HEX, "#2BB673", "#E8354F", "#A9B0BD",
-)  # fmt: skip
+    "dark",
+    PALETTE_HEX,
+    BACKGROUND_HEX,
+    FREE_HEX,
+    CACHED_HEX,
+    UNKNOWN_HEX,
+    "#FFFFFF",
+    PAGED_HEX,
+    NAIVE_HEX,
+    "#2BB673",
+    "#E8354F",
+    "#A9B0BD",
+)
 LIGHT_BACKGROUND_HEX = "#FFFFFF"
 LIGHT_MAP = MapColors(
     "light",
     tuple(darkened_to(h, LIGHT_BACKGROUND_HEX, 3.0) for h in PALETTE_HEX),
-    LIGHT_BACKGROUND_HEX, "#E3E6EB", "#7F8898", "#6A6A6A", "#1F2430",
-    "#1F6FB2", "#B86A00", "#1E8A5A", "#C62839", "#6B7382",
-)  # fmt: skip
+    LIGHT_BACKGROUND_HEX,
+    "#E3E6EB",
+    "#7F8898",
+    "#6A6A6A",
+    "#1F2430",
+    "#1F6FB2",
+    "#B86A00",
+    "#1E8A5A",
+    "#C62839",
+    "#6B7382",
+)
 MAP_COLORS = {"dark": DARK_MAP, "light": LIGHT_MAP}
 
 

@@ -176,10 +176,21 @@ def key_snapshot() -> KVSnapshot:
     seq = SequenceInfo(1, f"{_KEY_GROUP}/0", 0, "running", 32, 38, 38, 0, (2, 3, 4), (5,))
     metrics = PoolMetrics(*([0] * 19))
     return KVSnapshot(
-        0, 0.0, "paged", bs, len(state), state, owner, ref + (state == BlockState.RESERVED),
-        ref, filled, np.arange(len(state), dtype=np.int32), state == BlockState.CACHED,
-        (seq,), metrics,
-    )  # fmt: skip
+        0,
+        0.0,
+        "paged",
+        bs,
+        len(state),
+        state,
+        owner,
+        ref + (state == BlockState.RESERVED),
+        ref,
+        filled,
+        np.arange(len(state), dtype=np.int32),
+        state == BlockState.CACHED,
+        (seq,),
+        metrics,
+    )
 
 
 def key_pixmaps(cell_px: int = 14) -> dict[str, QPixmap]:

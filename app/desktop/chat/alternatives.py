@@ -27,8 +27,9 @@ def entries_of(texts: list[str], metrics: dict | None, status: str) -> list[dict
     return entries
 
 
-def kept_entries(alternatives: list[str], content: str, metrics: dict, status: str,
-                 stored: list[dict]) -> tuple[list[str], list[dict]]:  # fmt: skip
+def kept_entries(
+    alternatives: list[str], content: str, metrics: dict, status: str, stored: list[dict]
+) -> tuple[list[str], list[dict]]:
     """A stored reply's alternatives and their entries, as Regenerate keeps them: entries as
     stored, or (a reply from before they were kept) made from its metrics."""
     texts = list(alternatives) or [content]

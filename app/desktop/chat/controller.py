@@ -360,8 +360,15 @@ class ChatController(QObject):
                 pending.replaces, texts, metrics, status, pending.selected
             )
         alternatives = texts if len(texts) > 1 else None
-        return self.store.add_message(pending.conversation_id, "assistant", texts[pending.selected],
-                                      status, alternatives, pending.selected, metrics)  # fmt: skip
+        return self.store.add_message(
+            pending.conversation_id,
+            "assistant",
+            texts[pending.selected],
+            status,
+            alternatives,
+            pending.selected,
+            metrics,
+        )
 
     def _on_request_failed(self, request_id: str, message: str) -> None:
         cid = self._by_request.get(request_id)

@@ -318,10 +318,16 @@ class ChatStore:
             self._db.execute(
                 "UPDATE messages SET content = ?, status = ?, alternatives = ?, selected = ?, "
                 "metrics = ?, alternative_metrics = ? WHERE id = ?",
-                (alternatives[selected], status, json.dumps(alternatives), selected,
-                 json.dumps(reply_alternatives.merged(entries, selected)), json.dumps(entries),
-                 message_id),
-            )  # fmt: skip
+                (
+                    alternatives[selected],
+                    status,
+                    json.dumps(alternatives),
+                    selected,
+                    json.dumps(reply_alternatives.merged(entries, selected)),
+                    json.dumps(entries),
+                    message_id,
+                ),
+            )
             self._touch(msg.conversation_id)
         return self.message(message_id)
 

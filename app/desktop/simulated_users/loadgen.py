@@ -68,8 +68,9 @@ def _check_range(name: str, value: object) -> tuple[int, int]:
         and 1 <= value[0] <= value[1] <= MAX_TOKENS
     )
     if not ok:
-        raise ValueError(f"{name} must be (min, max) ints with 1 <= min <= max <= {MAX_TOKENS}, "
-                         f"got {value!r}")  # fmt: skip
+        raise ValueError(
+            f"{name} must be (min, max) ints with 1 <= min <= max <= {MAX_TOKENS}, got {value!r}"
+        )
     return int(value[0]), int(value[1])
 
 
@@ -296,9 +297,13 @@ def plan_preemption_demo(
     if not plans:  # too short a context, or too few users, to overrun it: the most that fit
         least = MIN_PROMPT_TOKENS * PROMPT_SLACK + TEMPLATE_TOKENS
         users = max(2, min(limit, int(DEMO_PROMPT_FILL * pool / least)))
-        spec = LoadSpec(num_users=users, prompt_tokens=(MIN_PROMPT_TOKENS, MIN_PROMPT_TOKENS),
-                        output_tokens=(max_seq_len, max_seq_len), shared_system_prompt=False,
-                        arrival_rate_per_s=min(4.0 * users, MAX_RATE))  # fmt: skip
+        spec = LoadSpec(
+            num_users=users,
+            prompt_tokens=(MIN_PROMPT_TOKENS, MIN_PROMPT_TOKENS),
+            output_tokens=(max_seq_len, max_seq_len),
+            shared_system_prompt=False,
+            arrival_rate_per_s=min(4.0 * users, MAX_RATE),
+        )
         spec = fit_to_context(spec, max_seq_len)
         held = users * least
         prefill_s = held / speed.batch_prefill_tokens_per_s
