@@ -13,6 +13,23 @@ from typing import Any
 
 import torch
 
+__all__ = [
+    "ALLOCATORS",
+    "BLOCK_SIZES",
+    "CPU_QUANT_KERNELS",
+    "DEFAULT_CPU_KV_MEMORY",
+    "DTYPES",
+    "EngineConfig",
+    "FP8_MIN_CUDA_CAPABILITY",
+    "KNOB",
+    "Knob",
+    "knob",
+    "knob_of",
+    "KV_DTYPES",
+    "QUANTIZATIONS",
+    "user_knobs",
+]
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 KV_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8")
 FP8_MIN_CUDA_CAPABILITY = (8, 9)  # Triton has float8_e4m3 from Ada/Hopper on

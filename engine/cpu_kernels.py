@@ -36,6 +36,8 @@ from kvscope.engine.child_python import python_module_command
 from kvscope.engine.quant.cpu_layout import gemv_kernels, gemv_wanted
 from kvscope.kernels import cpu_decode, cpu_gemv
 
+__all__ = ["BackgroundCompile", "kernels_compiled", "kernels_wanted", "prepare_cpu_kernels"]
+
 COMPILING = "Compiling the CPU kernels (once on this machine)…"
 MARKER = "kvscope-compiled.json"  # in the cache folder: every kernel below is in it
 TIMES = "kvscope-compile-seconds.json"  # beside the folders: outlives a version of the sources

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+__all__ = ["apply_num_threads", "default_num_threads", "physical_cores", "usable_cpus"]
+
 MAX_DEFAULT_THREADS = 16  # beyond this a decode step stops scaling on the machines we target
 _SYSFS_CPU = Path("/sys/devices/system/cpu")
 

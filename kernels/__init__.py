@@ -40,7 +40,6 @@ __all__ = [
     "paged_prefill_attention",
     "quantized_matmul",
     "store_kv",
-    "resolve_backend",
 ]
 
 _BACKENDS = ("auto", "torch", "triton")

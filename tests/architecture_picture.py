@@ -76,6 +76,12 @@ def picture() -> str:
             lines += _wrapped("independent: " + ", ".join(contract["modules"]))
             for ignored in contract.get("ignore_imports", []):
                 lines.append(f"    except {ignored}")
+        elif kind == "forbidden":
+            sources = ", ".join(contract["source_modules"])
+            forbidden = ", ".join(contract["forbidden_modules"])
+            lines += _wrapped(f"{sources} imports nothing of {forbidden} directly")
+            for allowed in contract.get("ignore_imports", []):
+                lines.append(f"    except {allowed}")
         else:
             lines += _wrapped(f"(a {kind} contract; see pyproject.toml)")
         lines.append("")

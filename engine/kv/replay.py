@@ -20,6 +20,8 @@ from kvscope.engine.kv.snapshot import BlockState, KVSnapshot
 from kvscope.engine.kv.telemetry import PoolCounters, PoolTelemetry
 from kvscope.engine.memory.device_memory import system_memory
 
+__all__ = ["replay_events"]
+
 # 1.7x the largest real pool (a 141 GiB GPU holds ~10^7 blocks of the smallest models); a
 # replay of it takes ~3 GiB (below), and 2^26 blocks took 6.6 GB before numpy gave up.
 MAX_REPLAY_BLOCKS = 1 << 24

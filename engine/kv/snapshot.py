@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+__all__ = ["BlockState", "free_runs", "KVSnapshot", "PoolMetrics", "SequenceInfo"]
+
 
 class BlockState(enum.IntEnum):
     FREE = 0  # holds nothing reusable

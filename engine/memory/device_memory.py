@@ -16,6 +16,8 @@ import threading
 from dataclasses import asdict, dataclass
 from types import ModuleType
 
+__all__ = ["DeviceMemory", "GPUMemory", "process_rss", "read_device_memory", "system_memory"]
+
 
 @dataclass(frozen=True)
 class GPUMemory:

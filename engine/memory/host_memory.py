@@ -21,6 +21,8 @@ import ctypes
 import ctypes.util
 import sys
 
+__all__ = ["give_back_freed"]
+
 M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
 BUILD_THRESHOLD = 1 << 20
 STEADY_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit

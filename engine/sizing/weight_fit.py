@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, replace
 
 from kvscope.engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
-from kvscope.engine.model.loader import expected_weight_shapes
+from kvscope.engine.model.loaded_model import expected_weight_shapes
 from kvscope.engine.model.model_config import ModelConfig
 from kvscope.engine.sizing.float32_weights import float32_choice
 from kvscope.engine.sizing.model_build import free_memory
@@ -21,6 +21,8 @@ from kvscope.engine.sizing.weight_plan import (
     plan_weights,
     weights_quantized,
 )
+
+__all__ = ["count_parameters", "resolve_for_weights", "weight_fit", "WeightFit", "WeightsHeader"]
 
 WeightsHeader = tuple[
     dict, dict

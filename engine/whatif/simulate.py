@@ -29,6 +29,8 @@ from kvscope.engine.whatif.settings import SimConfig, WhatIf, resolve
 from kvscope.engine.whatif.sim_engine import RecordedRunner, SimEngine
 from kvscope.engine.whatif.summary import RequestOutcome, SimSummary, summarize
 
+__all__ = ["simulate"]
+
 
 @dataclass
 class SimResult:

@@ -23,6 +23,8 @@ from kvscope.engine.whatif.settings import WhatIf
 from kvscope.engine.whatif.simulate import simulate
 from kvscope.engine.whatif.summary import SimSummary
 
+__all__ = ["sweep"]
+
 KNOBS = tuple(f.name for f in fields(WhatIf))
 
 

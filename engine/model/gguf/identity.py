@@ -16,6 +16,8 @@ from pathlib import Path
 
 from gguf import LlamaFileType
 
+__all__ = ["is_gguf_file"]
+
 MAGIC = b"GGUF"
 GUESSED_BIT = int(LlamaFileType.GUESSED)  # llama.cpp's "not from the file" flag: never trusted
 # The metadata fields that name a model (llama.cpp's converter fills them from the repo name).

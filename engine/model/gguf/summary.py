@@ -17,6 +17,8 @@ from kvscope.engine.model.gguf.file import read_gguf
 from kvscope.engine.model.gguf.identity import name_fields, quantization_label
 from kvscope.engine.model.gguf.loader import GGUFSource, gguf_config
 
+__all__ = ["GGUFSummary", "summarize_gguf"]
+
 
 @dataclass(frozen=True)
 class GGUFSummary:

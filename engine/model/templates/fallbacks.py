@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+__all__ = ["COMPLETION_STOP", "is_completion_template"]
+
 # Gemma's own template (google/gemma-3-*-it tokenizer_config.json), strings only: a system
 # message is folded into the first user turn; "assistant" is written as "model"; a
 # conversation of only a system message is sent as that user turn.

@@ -79,9 +79,11 @@ def schema_for_generation(app, model_name: str) -> dict:
         "description": "Prometheus text",
         "content": {"text/plain": {"schema": {"type": "string"}}},
     }
+    # Schemathesis checks each server-sent event, as an object of its fields, against this.
+    event = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
     for route in ("/v1/chat/completions", "/v1/completions"):
         content = paths[route]["post"]["responses"]["200"]["content"]
-        content["text/event-stream"] = {"schema": {"type": "string"}}
+        content["text/event-stream"] = {"schema": event}
     return schema
 
 

@@ -10,12 +10,8 @@ from tiny_models import ARCHITECTURES, LLAMA3_ROPE, make_tiny_gguf, make_tiny_mo
 from transformers import AutoModelForCausalLM
 
 from kvscope.engine.model.hf_loader import _rope
-from kvscope.engine.model.loader import (
-    check_weights,
-    default_model_path,
-    expected_weight_shapes,
-    load_model,
-)
+from kvscope.engine.model.loaded_model import check_weights, expected_weight_shapes
+from kvscope.engine.model.loader import default_model_path, load_model
 from kvscope.engine.model.model_config import ModelConfig
 
 TINY_CASES = [(arch, False) for arch in ARCHITECTURES] + [("llama", True)]
