@@ -28,11 +28,7 @@ an earlier layout, were 16 short streams it did not: 16.5 against 8.2 ms for the
 to 4, at no cost in exactness where the format's own d and m are float16 (K-quants' d *
 sub-scale is not: float32).
 
-Measured on the bundled model (SmolLM2-135M Q4_1, 30 layers x qkv, o, gate_up, down, one thread,
-best of runs on a noisy 2-core AVX2 VM), against the int16 loops this replaced: 40 rows 209-244
--> 83-102 ms, the Q8_0 head (49152 x 576) 88-92 -> 29-37 ms; one row, streamed from DRAM,
-10-13 ms either way (5-8 GB/s: the VM's memory, shared with other tenants, varies by 1.5x from
-run to run).
+What this layout bought over the int16 loops it replaced is in PERFORMANCE.md ("CPU GEMV").
 
 numba is optional: `load()` returns None where it is missing or fails to compile, and callers
 keep their own path. The compiled code is cached on disk (NUMBA_CACHE_DIR, by default under the

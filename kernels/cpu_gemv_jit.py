@@ -84,10 +84,8 @@ def chunk4(codes, scale, low, xq, xd, xs, group, y):
     """One chunk, 4-bit codes uint8 [Nc/16, K/32, 256] (tile, group: kernels/cpu_simd.py's
     layout); y [M, Nc] float32 is overwritten. A tile's whole K is contiguous and the tiles
     follow each other, so the chunk is one stream, which the loop also prefetches AHEAD bytes
-    ahead (codes, scales, offsets): the hardware prefetcher alone kept too few lines in flight.
-    Measured on the 2-core Xeon VM, one thread, a synthetic 1.1B Q4_0's 22 gate_up matrices
-    (317 MB, streamed from memory): 9.3 -> 12.8 GB/s (torch.sum reads 13.9); 1024 or 4096
-    bytes ahead measured the same within noise. Rows go 4
+    ahead (codes, scales, offsets): the hardware prefetcher alone kept too few lines in flight
+    (PERFORMANCE.md, "Prefetch in the GEMV"). Rows go 4
     at a time through one call (the codes are split into nibbles once for the 4), the rest one
     by one."""
     tiles, groups = codes.shape[0], codes.shape[1]

@@ -5,8 +5,7 @@ A build allocates and frees hundreds of tensor-sized scratch buffers. glibc serv
 its dynamic mmap threshold (which grows to 32 MiB after the first large frees) from the heap,
 where freed space fragments and stays resident: on a 1.1B model that was 0.22 GiB of peak RSS.
 During the build every allocation of 1 MiB or more is mapped on its own, so freeing it returns
-the memory at once (measured on a 1.1B Q4_0 file with its tokenizer cached: peak RSS 1.60 ->
-1.42-1.47 GiB, resident after load 1.35 -> 1.22 GiB, load time unchanged within noise).
+the memory at once (PERFORMANCE.md, "Host memory during a build").
 Afterwards the threshold goes back to glibc's ceiling, what the dynamic threshold settles at
 anyway, and freed heap is trimmed.
 

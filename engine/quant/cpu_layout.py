@@ -225,14 +225,8 @@ class CpuQuantLinear:
 
 # From this many rows on (a prefill chunk), where torch's bfloat16 GEMM runs on AMX, the matrix
 # is dequantized to bfloat16 (kernels/cpu_gemv.dequantize_bf16) for one GEMM instead of the int8
-# kernel. Measured on the 2-core Xeon VM (AMX), one thread, a synthetic 1.1B Q4_K_M-mix layer,
-# int8 kernel / dequantize + GEMM in ms:
-#     rows                      128          256          384
-#     qkv 2560 x 2048 Q4_K      8.3 / 9.7    16.3 / 11.3  25.2 / 12.4
-#     gate_up 11264 x 2048      36.6 / 50.1  79.5 / 56.2  119 / 59.3
-#     down 2048 x 5632 Q6_K     30.7 / 33.8  62.9 / 35.2  95.4 / 37.1
-# A 512-token prompt's prefill: 67 -> 94 tokens/s at one thread, 113 -> 196 at two. Where no AMX
-# is (an AVX2 EPYC), torch's bfloat16 GEMM has no fast path and the int8 kernel keeps every row.
+# kernel (the crossover measured per matrix: PERFORMANCE.md, "AMX prefill"). Where no AMX is
+# (an AVX2 EPYC), torch's bfloat16 GEMM has no fast path and the int8 kernel keeps every row.
 BF16_GEMM_MIN_ROWS = 256
 CPUINFO = Path("/proc/cpuinfo")
 

@@ -54,9 +54,9 @@ def simulate(
     between_steps: Callable[[], None] | None = None,
 ) -> SimResult:
     """`between_steps`, when given, is called before every simulated step: it may block (the
-    app holds its simulations there while its engine generates: a Python thread replaying
-    steps beside it made its steps wait for the GIL: a 48-token reply 1.5 s -> 9.8 s) or raise
-    to stop the simulation (a newer one supersedes it)."""
+    app holds its simulations there while its engine generates, since a Python thread replaying
+    steps beside it makes every engine step wait for the GIL) or raise to stop the simulation
+    (a newer one supersedes it)."""
     config = resolve(trace.settings, what or WhatIf())
     return _Simulation(trace, config, cost, keep_events, between_steps).run()
 

@@ -1,5 +1,5 @@
 """GpuBenchSettings: the grid `kvscope bench --gpu` runs, in its own module so that the kernel
-and engine halves of the GPU bench (gpu_kernels, gpu_engine) can type it without importing the
+and engine halves of the GPU bench (kernel_timing, engine_decode) can type it without importing the
 bench that imports them."""
 
 from __future__ import annotations

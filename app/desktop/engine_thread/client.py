@@ -94,8 +94,8 @@ class EngineClient(QObject):
     def _work_coming(self) -> None:
         """The What-if tab's simulations stop here, not once the worker gets to the request,
         so its path to the first step (template, tokens) does not share the GIL with them
-        (submit to first token 0.09 s -> 0.06 s beside a sweep; 0.04 s alone). The worker sets
-        the event again once nothing runs (within its 100 ms telemetry tick at the latest)."""
+        (PERFORMANCE.md, "What-if beside the engine"). The worker sets the event again once
+        nothing runs (within its 100 ms telemetry tick at the latest)."""
         self.worker.idle.clear()
 
     def stop(self, request_id: str) -> None:

@@ -37,10 +37,8 @@ KINDS = ("recorded", "whatif", "sweep")
 STUCK_S = 30.0  # a simulation of 50,000 steps takes a few seconds; this is one that never ends
 WATCH_MS = 1000
 PAUSE_POLL_S = 0.25  # how often a job waiting for the engine beats and looks for a newer job
-# Every 4 ms of simulating, a job sleeps 0.5 ms: otherwise the GUI thread waited for the GIL at
-# each Qt or SQLite call it made. During a sweep, Send took 0.32-0.53 s to reach the engine and
-# a 10 ms GUI timer's p99 gap was 92-120 ms; with this 0.04-0.05 s and 23-28 ms, the sweep as
-# long within noise (7.9 s against 7.3-8.0 s).
+# Every 4 ms of simulating, a job sleeps 0.5 ms: otherwise the GUI thread waits for the GIL at
+# each Qt or SQLite call it makes (PERFORMANCE.md, "What-if beside the window").
 YIELD_AFTER_S = 0.004
 YIELD_S = 0.0005
 
