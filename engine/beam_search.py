@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -153,7 +153,8 @@ class BeamSearchRunner:
         decode = self.engine.tokenizer.decode
         return BeamSearchOutput(
             [
-                BeamSequence(ids, cum, decode(ids, skip_special_tokens=True))
+                # one flat list of ids decodes to one str; the stubs say either
+                BeamSequence(ids, cum, cast(str, decode(ids, skip_special_tokens=True)))
                 for _, cum, ids in search.finished[: params.beam_width]
             ]
         )

@@ -53,12 +53,14 @@ class Knob:
     """How a field is offered to users; help text has no '%' (argparse formats it)."""
 
     help: str
-    choices: tuple = ()  # empty: any value of the field's type
+    choices: tuple[object, ...] = ()  # empty: any value of the field's type
     user: bool = True  # False: the engine sets it itself, it is no LLM argument
     cli: bool = True  # False: no flag on `kvscope generate/chat/record`
 
 
-def knob(default: Any, help: str, choices: tuple = (), user: bool = True, cli: bool = True) -> Any:
+def knob(
+    default: Any, help: str, choices: tuple[object, ...] = (), user: bool = True, cli: bool = True
+) -> Any:
     """A field with its Knob, e.g. `block_size: int = knob(16, "tokens per block", BLOCK_SIZES)`."""
     return field(default=default, metadata={KNOB: Knob(help, tuple(choices), user, cli)})
 
@@ -67,7 +69,9 @@ def knob(default: Any, help: str, choices: tuple = (), user: bool = True, cli: b
 # every user knob, the app's settings those EngineSettings names.
 @dataclass
 class EngineConfig:
-    model: str | os.PathLike | None = knob(None, "GGUF file or HF model folder (default: bundled)")
+    model: str | os.PathLike[str] | None = knob(
+        None, "GGUF file or HF model folder (default: bundled)"
+    )
     device: str = knob("auto", "auto (CUDA when there is one), cpu, cuda or cuda:N")
     dtype: str = knob(
         "auto",
@@ -218,11 +222,12 @@ class EngineConfig:
         return max(default, self.max_num_seqs)
 
 
-def user_knobs() -> tuple[Field, ...]:
+def user_knobs() -> tuple[Field[Any], ...]:
     """The fields callers set, in LLM's argument order; not the ones the engine sets itself."""
     return tuple(f for f in fields(EngineConfig) if f.metadata[KNOB].user)
 
 
 def knob_of(name: str) -> Knob:
     """The Knob of one EngineConfig field, e.g. `knob_of("block_size").choices`."""
-    return EngineConfig.__dataclass_fields__[name].metadata[KNOB]
+    found: Knob = EngineConfig.__dataclass_fields__[name].metadata[KNOB]  # metadata is untyped
+    return found

@@ -28,6 +28,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -61,7 +62,9 @@ def kernels_wanted(device: str = "auto") -> bool:
     return not on_cuda and gemv_wanted()
 
 
-def prepare_cpu_kernels(device: str = "auto", progress: Callable[[str], None] | None = None):
+def prepare_cpu_kernels(
+    device: str = "auto", progress: Callable[[str], None] | None = None
+) -> None:
     """Compile (or load from the cache) the CPU kernels a CPU engine will use; `progress`
     hears a line first when a first compile is due. Does nothing for a CUDA engine."""
     if not kernels_wanted(device):
@@ -112,7 +115,7 @@ class _Said(logging.Handler):
         self.last = record.getMessage()
 
 
-def _warm_projections(ns, threads: int) -> None:
+def _warm_projections(ns: SimpleNamespace, threads: int) -> None:
     """The fused decode's matmul entries for every kind of matrix (4- and 8-bit codes, float32
     scales or float16 bits): engine/model/cpu_decode.py warms those its model has at build."""
     chunks, tiles, k, group = 1, 1, 64, 32

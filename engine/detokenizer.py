@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:  # importing transformers costs seconds; only the type is needed here
     from transformers import PreTrainedTokenizerBase
@@ -59,7 +59,8 @@ class IncrementalDetokenizer:
         return delta
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return cast(str, text)  # one flat list of ids decodes to one str; the stubs say either
 
 
 @dataclass(frozen=True)

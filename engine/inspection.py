@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from kvscope.engine.sizing.float32_weights import WeightChoice
 
 
+# Only a what-if simulation's engine runs without the per-block telemetry, and nothing inspects it.
+_NO_TELEMETRY = "an engine built without snapshots has no per-block telemetry"
+
+
 class InspectedEngine(Protocol):
     """The parts of an engine these views read (LLMEngine has them all): declared here, so that
     this module need not import the engine that calls it."""
@@ -44,9 +48,11 @@ class InspectedEngine(Protocol):
     num_threads: int
 
 
-def engine_stats(engine: InspectedEngine) -> dict:
+def engine_stats(engine: InspectedEngine) -> dict[str, Any]:
     bm = engine.allocator
     counters = engine.observers.counters
+    telemetry = engine.observers.telemetry
+    assert telemetry is not None, _NO_TELEMETRY
     return {
         "kv_block_size": bm.block_size,
         "kv_blocks_total": bm.num_blocks,
@@ -55,7 +61,7 @@ def engine_stats(engine: InspectedEngine) -> dict:
         "kv_blocks_cached": bm.num_cached_blocks,
         "kv_blocks_peak": bm.peak_used_blocks,
         # Physical slots holding K/V: a block shared by several sequences counts once.
-        "kv_tokens_stored": engine.observers.telemetry.tokens_stored(),
+        "kv_tokens_stored": telemetry.tokens_stored(),
         "kv_cache_bytes": engine.kv_cache.nbytes,
         "num_running": len(engine.scheduler.running),
         "num_waiting": len(engine.scheduler.waiting),
@@ -82,12 +88,13 @@ def engine_stats(engine: InspectedEngine) -> dict:
     }
 
 
-def block_contents(engine: InspectedEngine, block_id: int) -> dict:
+def block_contents(engine: InspectedEngine, block_id: int) -> dict[str, Any]:
     """What one physical block holds: its token ids and their text, and who holds it."""
     bm = engine.allocator
     if not 0 <= block_id < bm.num_blocks:
         raise ValueError(f"block id {block_id} is outside the pool [0, {bm.num_blocks})")
     tel = engine.observers.telemetry
+    assert tel is not None, _NO_TELEMETRY
     bs = bm.block_size
     state = BlockState(int(tel.state[block_id]))
     owners = [track.request_id for track in tel.seqs.values() if block_id in track.held()]

@@ -17,11 +17,12 @@ OMP_WAIT_POLICY of the user's own wins; so does anything imported torch before u
 """
 
 import os
+from collections.abc import MutableMapping
 
 SPIN_ROUNDS = "30000"
 
 
-def bound_openmp_spin(environ=os.environ) -> bool:
+def bound_openmp_spin(environ: MutableMapping[str, str] = os.environ) -> bool:
     """Set GOMP_SPINCOUNT unless the user chose a spin or wait policy; True when it set it."""
     if "GOMP_SPINCOUNT" in environ or "OMP_WAIT_POLICY" in environ:
         return False

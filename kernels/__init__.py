@@ -74,7 +74,16 @@ def resolve_backend(backend: str, tensor: torch.Tensor) -> str:
     return "triton"
 
 
-def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None, backend="auto"):
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> None:
     """Token t's K and V ([T, Hkv, D]) into flat slot slot_mapping[t]; -1 marks padding."""
     if resolve_backend(backend, k) == "triton":
         _triton("triton_store").store_kv_triton(
@@ -85,17 +94,17 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None, b
 
 
 def paged_decode_attention(
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    seq_lens,
-    scale,
-    k_scale=None,
-    v_scale=None,
-    backend="auto",
-    sliding_window=None,
-):
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    backend: str = "auto",
+    sliding_window: int | None = None,
+) -> torch.Tensor:
     """One query token per sequence (q [B, Hq, D]) against its paged context -> [B, Hq, D].
 
     sliding_window W (None = full attention): the query at position p attends to keys
@@ -111,18 +120,18 @@ def paged_decode_attention(
 
 
 def paged_prefill_attention(
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    query_start_loc,
-    seq_lens,
-    scale,
-    k_scale=None,
-    v_scale=None,
-    backend="auto",
-    sliding_window=None,
-):
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    backend: str = "auto",
+    sliding_window: int | None = None,
+) -> torch.Tensor:
     """New tokens (q [T, Hq, D], sequences back to back) attending causally to their cached
     prefix and themselves -> [T, Hq, D]; see `paged_prefill_attention_torch`. sliding_window as
     in `paged_decode_attention`."""
@@ -150,5 +159,6 @@ def quantized_matmul(x: torch.Tensor, w: QuantizedTensor, backend: str = "auto")
     if resolve_backend(backend, x) == "triton":
         tq = _triton("triton_quant")
         if backend == "triton" or tq.supports(w):
-            return tq.quantized_matmul_triton(x, w)
+            y: torch.Tensor = tq.quantized_matmul_triton(x, w)
+            return y
     return quantized_matmul_torch(x, w)

@@ -36,7 +36,7 @@ def load() -> SimpleNamespace | None:
             silu_mul_quantize=jit.silu_mul_quantize,
             rope_store_attend=jit.rope_store_attend,
             rope_store_attend_parallel=jit.rope_store_attend_parallel,
-            quantize_rows=jit.quantize_rows,
+            quantize_rows=gemv.quantize_rows,
             project={4: jit.project4, 8: jit.project8},
             project_parallel={4: jit.project4_parallel, 8: jit.project8_parallel},
         )

@@ -8,16 +8,24 @@ two matmuls is one call, and its output is already the next matmul's int8-rounde
 
 The KV pool is bfloat16, read and written as its bits (uint16): `cache[block, offset, kv_head]`
 is one head's row of D values, as the torch reference lays it out (kernels/torch_ref.py).
-Imported only through kernels/cpu_decode.py, which keeps numba optional.
+Imported only through kernels/cpu_decode.py, which keeps numba optional. As in
+kernels/cpu_gemv_jit.py, the annotations are for the reader: numba compiles for what is passed.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit, prange
 
 from kvscope.kernels.cpu_gemv_jit import (
     TILE,
+    Bf16Array,
+    Codes4,
+    Codes8,
     opts,
     quantize_rows,
     rounded4,
@@ -25,7 +33,9 @@ from kvscope.kernels.cpu_gemv_jit import (
     rounded8,
     rounded8_parallel,
 )
-from kvscope.kernels.cpu_simd import prefetch
+from kvscope.kernels.cpu_simd import Float32Array, Int8Array, MetaArray, prefetch
+
+Int32Array: TypeAlias = npt.NDArray[np.int32]
 
 LOG2E = np.float32(1.4426950408889634)
 # 2^f = e^(f ln 2) for f in [0, 1): its Taylor terms (ln 2)^k / k! to k = 6, relative error
@@ -46,7 +56,17 @@ ONE = np.uint32(1)
 
 
 @njit(**opts)
-def add_norm_quantize(h, delta, weight, eps, act_group, x, xq, xd, xs):
+def add_norm_quantize(
+    h: Float32Array,
+    delta: Float32Array,
+    weight: Float32Array,
+    eps: float,
+    act_group: int,
+    x: Float32Array,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+) -> None:
     """h += delta (skipped when delta has no rows), then x = RMSNorm(h) * weight, rounded to
     int8 per act_group into xq/xd/xs (the next matmul's input). h, delta, x: float32 [M, H]."""
     m_rows, width = h.shape
@@ -67,7 +87,7 @@ def add_norm_quantize(h, delta, weight, eps, act_group, x, xq, xd, xs):
 
 
 @njit(**opts)
-def add_rows(h, delta):
+def add_rows(h: Float32Array, delta: Float32Array) -> None:
     """h += delta, float32 [M, H] (the last layer's down projection into the residual)."""
     for m in range(h.shape[0]):
         for j in range(h.shape[1]):
@@ -75,7 +95,7 @@ def add_rows(h, delta):
 
 
 @njit(**opts)
-def norm_rows(h, weight, eps, out):
+def norm_rows(h: Float32Array, weight: Float32Array, eps: float, out: Float32Array) -> None:
     """out = RMSNorm(h) * weight, float32 [M, H] (the model's final norm)."""
     m_rows, width = h.shape
     for m in range(m_rows):
@@ -88,7 +108,14 @@ def norm_rows(h, weight, eps, out):
 
 
 @njit(**opts)
-def silu_mul_quantize(gate_up, x, act_group, xq, xd, xs):
+def silu_mul_quantize(
+    gate_up: Float32Array,
+    x: Float32Array,
+    act_group: int,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+) -> None:
     """x = silu(gate) * up for gate_up = [gate | up] float32 [M, 2I], rounded to int8."""
     m_rows, inter = x.shape
     for m in range(m_rows):
@@ -101,7 +128,7 @@ def silu_mul_quantize(gate_up, x, act_group, xq, xd, xs):
 
 
 @njit(**opts)
-def _scatter(tmp, y, col0, n):
+def _scatter(tmp: Float32Array, y: Float32Array, col0: int, n: int) -> None:
     """Columns [col0, col0 + n) of y [M, N] from a matmul's [chunks, M, Nc] output."""
     chunks, m_rows, width = tmp.shape
     for c in range(chunks):
@@ -112,7 +139,18 @@ def _scatter(tmp, y, col0, n):
 
 
 @njit(**opts)
-def project4(codes, scale, low, group, n, xq, xd, xs, y, col0):
+def project4(
+    codes: Codes4,
+    scale: MetaArray,
+    low: MetaArray,
+    group: int,
+    n: int,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+    y: Float32Array,
+    col0: int,
+) -> None:
     """Columns [col0, col0 + n) of y float32 [M, N] = int8 activations @ one 4-bit matrix
     (kernels/cpu_gemv.py's layout, on one thread)."""
     tmp = np.empty((codes.shape[0], xq.shape[0], codes.shape[1] * TILE), np.float32)
@@ -121,7 +159,18 @@ def project4(codes, scale, low, group, n, xq, xd, xs, y, col0):
 
 
 @njit(**opts)
-def project8(codes, scale, low, group, n, xq, xd, xs, y, col0):
+def project8(
+    codes: Codes8,
+    scale: MetaArray,
+    low: MetaArray,
+    group: int,
+    n: int,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+    y: Float32Array,
+    col0: int,
+) -> None:
     """project4 for centred 8-bit codes."""
     tmp = np.empty((codes.shape[0], xq.shape[0], codes.shape[1] * TILE), np.float32)
     rounded8(codes, scale, low, xq, xd, xs, group, tmp)
@@ -129,7 +178,18 @@ def project8(codes, scale, low, group, n, xq, xd, xs, y, col0):
 
 
 @njit(**opts)
-def project4_parallel(codes, scale, low, group, n, xq, xd, xs, y, col0):
+def project4_parallel(
+    codes: Codes4,
+    scale: MetaArray,
+    low: MetaArray,
+    group: int,
+    n: int,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+    y: Float32Array,
+    col0: int,
+) -> None:
     """project4 with the chunks shared among numba's threads."""
     tmp = np.empty((codes.shape[0], xq.shape[0], codes.shape[1] * TILE), np.float32)
     rounded4_parallel(codes, scale, low, xq, xd, xs, group, tmp)
@@ -137,14 +197,25 @@ def project4_parallel(codes, scale, low, group, n, xq, xd, xs, y, col0):
 
 
 @njit(**opts)
-def project8_parallel(codes, scale, low, group, n, xq, xd, xs, y, col0):
+def project8_parallel(
+    codes: Codes8,
+    scale: MetaArray,
+    low: MetaArray,
+    group: int,
+    n: int,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+    y: Float32Array,
+    col0: int,
+) -> None:
     tmp = np.empty((codes.shape[0], xq.shape[0], codes.shape[1] * TILE), np.float32)
     rounded8_parallel(codes, scale, low, xq, xd, xs, group, tmp)
     _scatter(tmp, y, col0, n)
 
 
 @njit(**opts)
-def _exp_below_zero(x, scratch):
+def _exp_below_zero(x: Float32Array, scratch: Int32Array) -> None:
     """x = exp(x) in place for x <= 0 (softmax scores less their max): 2^(x log2 e) as a
     polynomial in the fraction times 2^integer built from its bits. Plain arithmetic, so LLVM
     vectorises it, where math.exp is a libm call per score (measured ~40% of a 2048-token
@@ -170,7 +241,7 @@ def _exp_below_zero(x, scratch):
 
 
 @njit(**opts)
-def _head_norm(row, base, d, weight, eps):
+def _head_norm(row: Float32Array, base: int, d: int, weight: Float32Array, eps: float) -> None:
     total = np.float32(0.0)
     for i in range(d):
         total += row[base + i] * row[base + i]
@@ -180,7 +251,7 @@ def _head_norm(row, base, d, weight, eps):
 
 
 @njit(**opts)
-def _rotate(row, base, half, cos, sin):
+def _rotate(row: Float32Array, base: int, half: int, cos: Float32Array, sin: Float32Array) -> None:
     """HF's rotate_half RoPE on one head, in place: x * cos + rotate_half(x) * sin."""
     for i in range(half):
         a = row[base + i]
@@ -190,7 +261,7 @@ def _rotate(row, base, half, cos, sin):
 
 
 @njit(**opts)
-def _store_bf16(bits, dest, base, d):
+def _store_bf16(bits: npt.NDArray[np.uint32], dest: Bf16Array, base: int, d: int) -> None:
     """dest[0:d] (uint16) = float32 values [base, base + d) of a row, given as its uint32 view
     `bits`, rounded to bfloat16 (to nearest even)."""
     for i in range(d):
@@ -200,13 +271,27 @@ def _store_bf16(bits, dest, base, d):
 
 
 @njit(**opts)
-def _load_bf16(src, out_bits, d):
+def _load_bf16(src: Bf16Array, out_bits: npt.NDArray[np.uint32], d: int) -> None:
     for i in range(d):
         out_bits[i] = np.uint32(src[i]) << SIXTEEN
 
 
 @njit(inline="always", **opts)
-def _rope_store(m, qkv, bias, q_norm, k_norm, eps, cos, sin, k_cache, v_cache, slots, hq, hkv):
+def _rope_store(
+    m: int,
+    qkv: Float32Array,
+    bias: Float32Array,
+    q_norm: Float32Array,
+    k_norm: Float32Array,
+    eps: float,
+    cos: Float32Array,
+    sin: Float32Array,
+    k_cache: Bf16Array,
+    v_cache: Bf16Array,
+    slots: npt.NDArray[np.int64],
+    hq: int,
+    hkv: int,
+) -> None:
     """Row m of qkv: bias, per-head q/k norm, RoPE; K and V stored at slots[m] (-1: padding)."""
     block_size, d = k_cache.shape[1], k_cache.shape[3]
     bits = qkv.view(np.uint32)
@@ -231,7 +316,9 @@ LINE = 32  # uint16 elements per 64-byte cache line
 
 
 @njit(inline="always", **opts)
-def _prefetch_position(flat, table, j, length, block_size, position):
+def _prefetch_position(
+    flat: Bf16Array, table: Int32Array, j: int, length: int, block_size: int, position: int
+) -> None:
     """Prefetch position j's K or V (every head: `position` elements) if j < length."""
     if j < length:
         at = (table[j // block_size] * block_size + j % block_size) * position
@@ -242,7 +329,19 @@ def _prefetch_position(flat, table, j, length, block_size, position):
 # Inlined: called as a function, numba compiled its loops 5x slower (286 against 57 us for a
 # 170-token context; its arguments arrive as opaque array structs).
 @njit(inline="always", **opts)
-def _attend(m, qkv, k_cache, v_cache, block_tables, seq_lens, window, scale, hq, hkv, out):
+def _attend(
+    m: int,
+    qkv: Float32Array,
+    k_cache: Bf16Array,
+    v_cache: Bf16Array,
+    block_tables: Int32Array,
+    seq_lens: Int32Array,
+    window: int,
+    scale: np.float32,
+    hq: int,
+    hkv: int,
+    out: Float32Array,
+) -> None:
     """Row m's query heads attend to its sequence's first seq_lens[m] positions (only the last
     `window` when window > 0) through block_tables[m]. Position by position, every KV head of a
     position in turn: the pool holds a position's heads side by side, so the reads run through
@@ -299,28 +398,28 @@ def _attend(m, qkv, k_cache, v_cache, block_tables, seq_lens, window, scale, hq,
 
 @njit(**opts)
 def rope_store_attend(
-    qkv,
-    bias,
-    q_norm,
-    k_norm,
-    eps,
-    cos,
-    sin,
-    k_cache,
-    v_cache,
-    slots,
-    block_tables,
-    seq_lens,
-    window,
-    scale,
-    hq,
-    hkv,
-    out,
-    act_group,
-    xq,
-    xd,
-    xs,
-):
+    qkv: Float32Array,
+    bias: Float32Array,
+    q_norm: Float32Array,
+    k_norm: Float32Array,
+    eps: float,
+    cos: Float32Array,
+    sin: Float32Array,
+    k_cache: Bf16Array,
+    v_cache: Bf16Array,
+    slots: npt.NDArray[np.int64],
+    block_tables: Int32Array,
+    seq_lens: Int32Array,
+    window: int,
+    scale: np.float32,
+    hq: int,
+    hkv: int,
+    out: Float32Array,
+    act_group: int,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+) -> None:
     """One decode token per row of qkv = [q | k | v] float32 [M, (hq + 2 hkv) D]: bias, per-head
     q/k norm (Qwen3; skipped when the weights are empty), RoPE with cos/sin [M, D]; K and V are
     stored at slots[m] (-1: padding, not stored) and row m attends to its sequence's first
@@ -336,28 +435,28 @@ def rope_store_attend(
 
 @njit(parallel=True, **opts)
 def rope_store_attend_parallel(
-    qkv,
-    bias,
-    q_norm,
-    k_norm,
-    eps,
-    cos,
-    sin,
-    k_cache,
-    v_cache,
-    slots,
-    block_tables,
-    seq_lens,
-    window,
-    scale,
-    hq,
-    hkv,
-    out,
-    act_group,
-    xq,
-    xd,
-    xs,
-):
+    qkv: Float32Array,
+    bias: Float32Array,
+    q_norm: Float32Array,
+    k_norm: Float32Array,
+    eps: float,
+    cos: Float32Array,
+    sin: Float32Array,
+    k_cache: Bf16Array,
+    v_cache: Bf16Array,
+    slots: npt.NDArray[np.int64],
+    block_tables: Int32Array,
+    seq_lens: Int32Array,
+    window: int,
+    scale: np.float32,
+    hq: int,
+    hkv: int,
+    out: Float32Array,
+    act_group: int,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+) -> None:
     """rope_store_attend with the rows shared among numba's threads: every row's K/V is stored
     first, and a row reads only its own sequence's blocks (a shared prefix is read, never
     written, by two rows)."""

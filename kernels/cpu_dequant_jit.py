@@ -1,15 +1,22 @@
 """numba's layout dequantized to bfloat16 W, for the bfloat16 GEMM that long prefill chunks take
 on a CPU with AMX (engine/quant/cpu_layout.gemv_matmul via kernels/cpu_gemv.dequantize_bf16).
-Imported only through `cpu_gemv.load()`, as kernels/cpu_gemv_jit.py is."""
+Imported only through `cpu_gemv.load()`, as kernels/cpu_gemv_jit.py is (whose doc says what
+the annotations are for)."""
+
+from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit, prange
 
-from kvscope.kernels.cpu_gemv_jit import TILE, as_f32, opts
+from kvscope.kernels.cpu_gemv_jit import TILE, Bf16Array, Codes4, Codes8, as_f32, opts
+from kvscope.kernels.cpu_simd import Float32Array, MetaArray
 
 
 @njit(**opts)
-def _bf16_column(values, bits, tile, kk):
+def _bf16_column(
+    values: Float32Array, bits: npt.NDArray[np.uint32], tile: Bf16Array, kk: int
+) -> None:
     """tile[:, kk] = float32 values (their uint32 view `bits`) as bfloat16 bits, rounded to
     nearest even."""
     for n in range(TILE):
@@ -18,7 +25,7 @@ def _bf16_column(values, bits, tile, kk):
 
 
 @njit(**opts)
-def _store_rows(tile, out, col0, k0):
+def _store_rows(tile: Bf16Array, out: Bf16Array, col0: int, k0: int) -> None:
     """A [16, A] block of W into out[col0 :, k0 :], a whole row of it at a time: written one
     element per row, W's rows K * 2 bytes apart (4 KB for K = 2048) fell in one cache set."""
     for n in range(TILE):
@@ -27,7 +34,9 @@ def _store_rows(tile, out, col0, k0):
 
 
 @njit(**opts)
-def dequantize4_bf16(codes, scale, low, group, out):
+def dequantize4_bf16(
+    codes: Codes4, scale: MetaArray, low: MetaArray, group: int, out: Bf16Array
+) -> None:
     """dequantize4 as bfloat16 bits (uint16), W itself: out [Nc, K], a tile's group at a time."""
     tiles, groups = codes.shape[0], codes.shape[1]
     lo_values, hi_values = np.empty(TILE, np.float32), np.empty(TILE, np.float32)
@@ -53,7 +62,9 @@ def dequantize4_bf16(codes, scale, low, group, out):
 
 
 @njit(**opts)
-def dequantize8_bf16(codes, scale, low, group, out):
+def dequantize8_bf16(
+    codes: Codes8, scale: MetaArray, low: MetaArray, group: int, out: Bf16Array
+) -> None:
     """dequantize8 as bfloat16 bits (uint16), W itself: out [Nc, K]."""
     tiles, groups = codes.shape[0], codes.shape[1]
     a = out.shape[1] // groups
@@ -75,7 +86,9 @@ def dequantize8_bf16(codes, scale, low, group, out):
 
 
 @njit(parallel=True, **opts)
-def dequantize4_bf16_parallel(codes, scale, low, group, out):
+def dequantize4_bf16_parallel(
+    codes: Codes4, scale: MetaArray, low: MetaArray, group: int, out: Bf16Array
+) -> None:
     """Every chunk's W into out [chunks * Nc, K] bfloat16 bits, chunks shared among threads."""
     width = codes.shape[1] * TILE
     for c in prange(codes.shape[0]):
@@ -83,7 +96,9 @@ def dequantize4_bf16_parallel(codes, scale, low, group, out):
 
 
 @njit(parallel=True, **opts)
-def dequantize8_bf16_parallel(codes, scale, low, group, out):
+def dequantize8_bf16_parallel(
+    codes: Codes8, scale: MetaArray, low: MetaArray, group: int, out: Bf16Array
+) -> None:
     width = codes.shape[1] * TILE
     for c in prange(codes.shape[0]):
         dequantize8_bf16(codes[c], scale[c], low[c], group, out[c * width : (c + 1) * width])

@@ -87,7 +87,7 @@ def sources_key() -> str:
 def cache_dir() -> Path:
     """Where numba keeps compiled code: KVSCOPE_NUMBA_CACHE, else the app's cache dir
     (KVSCOPE_DATA_DIR/cache when set); one folder per version of the kernels' sources."""
-    root = os.environ.get("KVSCOPE_NUMBA_CACHE")
+    root: str | Path | None = os.environ.get("KVSCOPE_NUMBA_CACHE")
     if not root:
         data = os.environ.get("KVSCOPE_DATA_DIR")
         base = Path(data) / "cache" if data else Path(platformdirs.user_cache_dir("KVScope"))
@@ -218,12 +218,14 @@ class QuantizedCodesT:
     @property
     def width(self) -> int:
         """Columns per chunk (Nc)."""
-        return self.codes.shape[1] * TILE
+        tiles: int = self.codes.shape[1]
+        return tiles * TILE
 
     @property
     def k(self) -> int:
         depth = 32 if self.bits == 4 else self.codes.shape[3] // TILE
-        return self.codes.shape[2] * depth
+        blocks: int = self.codes.shape[2]
+        return blocks * depth
 
     @property
     def act_group(self) -> int:
@@ -243,8 +245,10 @@ def matmul(ns: SimpleNamespace, w: QuantizedCodesT, x: np.ndarray, threads: int)
     args = (w.codes, w.scale, w.low, x, w.act_group, w.group)
     if threads > 1 and w.codes.shape[0] > 1:
         ns.numba.set_num_threads(min(threads, ns.numba.config.NUMBA_NUM_THREADS))
-        return ns.parallel[w.bits](*args)
-    return ns.serial[w.bits](*args)
+        y: np.ndarray = ns.parallel[w.bits](*args)
+    else:
+        y = ns.serial[w.bits](*args)
+    return y
 
 
 def matmul_bf16(
@@ -256,8 +260,10 @@ def matmul_bf16(
     args = (w.codes, w.scale, w.low, np.ascontiguousarray(bits), w.act_group, w.group, w.n)
     if threads > 1 and w.codes.shape[0] > 1:
         ns.numba.set_num_threads(min(threads, ns.numba.config.NUMBA_NUM_THREADS))
-        return ns.parallel_bf16[w.bits](*args)
-    return ns.serial_bf16[w.bits](*args)
+        y: np.ndarray = ns.parallel_bf16[w.bits](*args)
+    else:
+        y = ns.serial_bf16[w.bits](*args)
+    return y
 
 
 def columns(y: np.ndarray, n: int) -> np.ndarray:

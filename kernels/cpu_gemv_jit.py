@@ -1,14 +1,28 @@
 """The numba-compiled half of kernels/cpu_gemv.py (see there): imported only through
 `cpu_gemv.load()`, so that numba stays optional. Module-level functions, because numba's disk
-cache cannot key functions defined inside another function (they recompiled every run)."""
+cache cannot key functions defined inside another function (they recompiled every run).
+
+numba compiles for the arrays a call passes: the annotations are for the reader (and mypy)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal, TypeAlias, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from kvscope.kernels.cpu_simd import (
     ROW_BLOCK,
+    CalledAs,
+    Codegen,
+    Float32Array,
+    Int8Array,
+    MetaArray,
+    TargetContext,
     prefetch,
     tile4_block,
     tile4_row,
@@ -18,6 +32,14 @@ from kvscope.kernels.cpu_simd import (
     tile8_row_32,
 )
 
+if TYPE_CHECKING:
+    from numba.core.typing.context import BaseContext as TypingContext
+    from numba.core.typing.templates import Signature
+
+Codes4: TypeAlias = npt.NDArray[np.uint8]  # 4-bit codes, two per byte
+Codes8: TypeAlias = npt.NDArray[np.int8]  # 8-bit codes, centred
+Bf16Array: TypeAlias = npt.NDArray[np.uint16]  # bfloat16 values as their bits
+
 INT8_MAX = 127
 TILE = 16  # columns per tile of 4-bit codes (see kernels/cpu_gemv.py's layout)
 AHEAD = 2048  # bytes of codes prefetched ahead of the tile being multiplied
@@ -26,11 +48,24 @@ PASS_BYTES = 128 << 10  # int8 activations one pass over a matrix's tiles multip
 # a step reads each matrix's codes from memory once, as it did before the passes.
 ONE_PASS_ROWS = 64
 
-opts = dict(fastmath=True, cache=True, boundscheck=False, error_model="numpy", nogil=True)
+
+class JitOptions(TypedDict):
+    """The options every kernel here is compiled with (numba's `njit` keywords)."""
+
+    fastmath: bool
+    cache: bool
+    boundscheck: bool
+    error_model: Literal["python", "numpy"]
+    nogil: bool
+
+
+opts: JitOptions = dict(
+    fastmath=True, cache=True, boundscheck=False, error_model="numpy", nogil=True
+)
 
 
 @njit(inline="always", **opts)
-def rows_per_pass(k, m_rows):
+def rows_per_pass(k: int, m_rows: int) -> int:
     """Rows of activations a pass over the tiles takes: all of a decode step's, else a multiple
     of ROW_BLOCK whose K bytes each stay in L2 while every tile's codes go by (a tile re-read
     all of a prefill chunk's before)."""
@@ -39,13 +74,19 @@ def rows_per_pass(k, m_rows):
     return max(ROW_BLOCK, PASS_BYTES // k // ROW_BLOCK * ROW_BLOCK)
 
 
+@CalledAs[Callable[[np.uint16 | np.float32], np.float32]]()
 @intrinsic
-def as_f32(typingctx, value):
+def as_f32(typingctx: TypingContext, value: types.Type) -> tuple[Signature, Codegen] | None:
     """A scale or offset as float32: uint16 holds float16 bits (widened exactly: LLVM's fpext,
     one vcvtph2ps per 8 values on x86 with F16C), float32 passes through."""
     if value == types.uint16:
 
-        def widen(context, builder, signature, args):
+        def widen(
+            context: TargetContext,
+            builder: ir.IRBuilder,
+            signature: Signature,
+            args: Sequence[ir.Value],
+        ) -> ir.Value:
             return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
 
         return types.float32(value), widen
@@ -55,7 +96,9 @@ def as_f32(typingctx, value):
 
 
 @njit(**opts)
-def quantize_rows(x, group, xq, xd, xs):
+def quantize_rows(
+    x: Float32Array, group: int, xq: Int8Array, xd: Float32Array, xs: Float32Array
+) -> None:
     """x float32 [M, K] -> int8 xq [M, K], per-group scale xd and sum xs [M, K/group].
 
     xs is the sum of the rounded values (d * sum(xq)), as llama.cpp's q8_1 keeps it, not of x:
@@ -80,7 +123,16 @@ def quantize_rows(x, group, xq, xd, xs):
 
 
 @njit(**opts)
-def chunk4(codes, scale, low, xq, xd, xs, group, y):
+def chunk4(
+    codes: Codes4,
+    scale: MetaArray,
+    low: MetaArray,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+    group: int,
+    y: Float32Array,
+) -> None:
     """One chunk, 4-bit codes uint8 [Nc/16, K/32, 256] (tile, group: kernels/cpu_simd.py's
     layout); y [M, Nc] float32 is overwritten. A tile's whole K is contiguous and the tiles
     follow each other, so the chunk is one stream, which the loop also prefetches AHEAD bytes
@@ -150,7 +202,16 @@ def chunk4(codes, scale, low, xq, xd, xs, group, y):
 
 
 @njit(**opts)
-def chunk8(codes, scale, low, xq, xd, xs, group, y):
+def chunk8(
+    codes: Codes8,
+    scale: MetaArray,
+    low: MetaArray,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+    group: int,
+    y: Float32Array,
+) -> None:
     """One chunk, centred 8-bit codes int8 [Nc/16, K/A, 16 A] (tile, activation group of A =
     16 or 32: kernels/cpu_simd.py's layout), read in order as chunk4 does."""
     tiles, groups = codes.shape[0], codes.shape[1]
@@ -256,7 +317,7 @@ def chunk8(codes, scale, low, xq, xd, xs, group, y):
 
 
 @njit(**opts)
-def bf16_to_f32(bits):
+def bf16_to_f32(bits: Bf16Array) -> Float32Array:
     out = np.empty(bits.shape, np.float32)
     u = out.view(np.uint32)
     for m in range(bits.shape[0]):
@@ -266,7 +327,7 @@ def bf16_to_f32(bits):
 
 
 @njit(**opts)
-def columns_bf16(y, n):
+def columns_bf16(y: Float32Array, n: int) -> Bf16Array:
     """[chunks, M, Nc] float32 -> [M, n] bfloat16 bits, rounded to nearest even."""
     chunks, m_rows, width = y.shape
     out = np.empty((m_rows, n), np.uint16)
@@ -284,7 +345,7 @@ def columns_bf16(y, n):
 
 
 @njit(**opts)
-def rounded(x, act_group):
+def rounded(x: Float32Array, act_group: int) -> tuple[Int8Array, Float32Array, Float32Array]:
     m, k = x.shape
     xq = np.empty((m, k), np.int8)
     xd = np.empty((m, k // act_group), np.float32)
@@ -294,7 +355,16 @@ def rounded(x, act_group):
 
 
 @njit(**opts)
-def rounded4(codes, scale, low, xq, xd, xs, group, y):
+def rounded4(
+    codes: Codes4,
+    scale: MetaArray,
+    low: MetaArray,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+    group: int,
+    y: Float32Array,
+) -> None:
     """y float32 [chunks, M, Nc] from activations already rounded (xq, xd, xs), one thread;
     shared with the fused decode (kernels/cpu_decode_jit.py), which rounds them itself."""
     for c in range(scale.shape[0]):
@@ -302,31 +372,65 @@ def rounded4(codes, scale, low, xq, xd, xs, group, y):
 
 
 @njit(**opts)
-def rounded8(codes, scale, low, xq, xd, xs, group, y):
+def rounded8(
+    codes: Codes8,
+    scale: MetaArray,
+    low: MetaArray,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+    group: int,
+    y: Float32Array,
+) -> None:
     for c in range(scale.shape[0]):
         chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, y[c])
 
 
 @njit(parallel=True, **opts)
-def rounded4_parallel(codes, scale, low, xq, xd, xs, group, y):
+def rounded4_parallel(
+    codes: Codes4,
+    scale: MetaArray,
+    low: MetaArray,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+    group: int,
+    y: Float32Array,
+) -> None:
     """rounded4 with the chunks shared among numba's threads."""
     for c in prange(scale.shape[0]):
         chunk4(codes[c], scale[c], low[c], xq, xd, xs, group, y[c])
 
 
 @njit(parallel=True, **opts)
-def rounded8_parallel(codes, scale, low, xq, xd, xs, group, y):
+def rounded8_parallel(
+    codes: Codes8,
+    scale: MetaArray,
+    low: MetaArray,
+    xq: Int8Array,
+    xd: Float32Array,
+    xs: Float32Array,
+    group: int,
+    y: Float32Array,
+) -> None:
     for c in prange(scale.shape[0]):
         chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, y[c])
 
 
 @njit(**opts)
-def _output(codes, x):
+def _output(codes: Codes4 | Codes8, x: Float32Array) -> Float32Array:
     return np.empty((codes.shape[0], x.shape[0], codes.shape[1] * TILE), np.float32)
 
 
 @njit(**opts)
-def serial4(codes, scale, low, x, act_group, group):
+def serial4(
+    codes: Codes4,
+    scale: MetaArray,
+    low: MetaArray,
+    x: Float32Array,
+    act_group: int,
+    group: int,
+) -> Float32Array:
     xq, xd, xs = rounded(x, act_group)
     y = _output(codes, x)
     rounded4(codes, scale, low, xq, xd, xs, group, y)
@@ -334,7 +438,14 @@ def serial4(codes, scale, low, x, act_group, group):
 
 
 @njit(**opts)
-def serial8(codes, scale, low, x, act_group, group):
+def serial8(
+    codes: Codes8,
+    scale: MetaArray,
+    low: MetaArray,
+    x: Float32Array,
+    act_group: int,
+    group: int,
+) -> Float32Array:
     xq, xd, xs = rounded(x, act_group)
     y = _output(codes, x)
     rounded8(codes, scale, low, xq, xd, xs, group, y)
@@ -342,7 +453,14 @@ def serial8(codes, scale, low, x, act_group, group):
 
 
 @njit(**opts)
-def parallel4(codes, scale, low, x, act_group, group):
+def parallel4(
+    codes: Codes4,
+    scale: MetaArray,
+    low: MetaArray,
+    x: Float32Array,
+    act_group: int,
+    group: int,
+) -> Float32Array:
     xq, xd, xs = rounded(x, act_group)
     y = _output(codes, x)
     rounded4_parallel(codes, scale, low, xq, xd, xs, group, y)
@@ -350,7 +468,14 @@ def parallel4(codes, scale, low, x, act_group, group):
 
 
 @njit(**opts)
-def parallel8(codes, scale, low, x, act_group, group):
+def parallel8(
+    codes: Codes8,
+    scale: MetaArray,
+    low: MetaArray,
+    x: Float32Array,
+    act_group: int,
+    group: int,
+) -> Float32Array:
     xq, xd, xs = rounded(x, act_group)
     y = _output(codes, x)
     rounded8_parallel(codes, scale, low, xq, xd, xs, group, y)
@@ -358,29 +483,63 @@ def parallel8(codes, scale, low, x, act_group, group):
 
 
 @njit(**opts)
-def serial4_bf16(codes, scale, low, bits, act_group, group, n):
+def serial4_bf16(
+    codes: Codes4,
+    scale: MetaArray,
+    low: MetaArray,
+    bits: Bf16Array,
+    act_group: int,
+    group: int,
+    n: int,
+) -> Bf16Array:
     return columns_bf16(serial4(codes, scale, low, bf16_to_f32(bits), act_group, group), n)
 
 
 @njit(**opts)
-def serial8_bf16(codes, scale, low, bits, act_group, group, n):
+def serial8_bf16(
+    codes: Codes8,
+    scale: MetaArray,
+    low: MetaArray,
+    bits: Bf16Array,
+    act_group: int,
+    group: int,
+    n: int,
+) -> Bf16Array:
     return columns_bf16(serial8(codes, scale, low, bf16_to_f32(bits), act_group, group), n)
 
 
 @njit(**opts)
-def parallel4_bf16(codes, scale, low, bits, act_group, group, n):
+def parallel4_bf16(
+    codes: Codes4,
+    scale: MetaArray,
+    low: MetaArray,
+    bits: Bf16Array,
+    act_group: int,
+    group: int,
+    n: int,
+) -> Bf16Array:
     y = parallel4(codes, scale, low, bf16_to_f32(bits), act_group, group)
     return columns_bf16(y, n)
 
 
 @njit(**opts)
-def parallel8_bf16(codes, scale, low, bits, act_group, group, n):
+def parallel8_bf16(
+    codes: Codes8,
+    scale: MetaArray,
+    low: MetaArray,
+    bits: Bf16Array,
+    act_group: int,
+    group: int,
+    n: int,
+) -> Bf16Array:
     y = parallel8(codes, scale, low, bf16_to_f32(bits), act_group, group)
     return columns_bf16(y, n)
 
 
 @njit(**opts)
-def dequantize4(codes, scale, low, group, out):
+def dequantize4(
+    codes: Codes4, scale: MetaArray, low: MetaArray, group: int, out: Float32Array
+) -> None:
     """One chunk of 4-bit codes [Nc/16, K/32, 256] -> float32 W.T [K, Nc]."""
     tiles, groups = codes.shape[0], codes.shape[1]
     for t in range(tiles):
@@ -402,7 +561,9 @@ def dequantize4(codes, scale, low, group, out):
 
 
 @njit(**opts)
-def dequantize8(codes, scale, low, group, out):
+def dequantize8(
+    codes: Codes8, scale: MetaArray, low: MetaArray, group: int, out: Float32Array
+) -> None:
     """One chunk of 8-bit codes [Nc/16, K/A, 16 A] -> float32 W.T [K, Nc]."""
     tiles, groups = codes.shape[0], codes.shape[1]
     a = out.shape[0] // groups

@@ -31,21 +31,96 @@ pairs (16 elements) are summed in int16 (30480) before widening to int32.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Generic, Protocol, TypeAlias, TypeVar, cast
 
+import numpy as np
+import numpy.typing as npt
 from llvmlite import binding, ir
 from numba import types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
+if TYPE_CHECKING:
+    from numba.core.extending import _Intrinsic
+    from numba.core.typing.context import BaseContext as TypingContext
+    from numba.core.typing.templates import Signature
+
 I1, I8, I16, I32, F32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 ISA_ENV = "KVSCOPE_CPU_SIMD"  # "generic" forces the portable IR (tests compare both)
+
+# The arrays the kernels take: 4-bit codes (uint8) or centred 8-bit ones (int8); activations
+# rounded to int8 with their float32 scales and sums; a tile's scales and offsets, float32 or
+# float16 bits (uint16) where every one is exactly a float16.
+CodeArray: TypeAlias = npt.NDArray[np.uint8] | npt.NDArray[np.int8]
+Int8Array: TypeAlias = npt.NDArray[np.int8]
+Float32Array: TypeAlias = npt.NDArray[np.float32]
+MetaArray: TypeAlias = npt.NDArray[np.float32] | npt.NDArray[np.uint16]
+
+# A tile intrinsic as jitted code calls it (see `_tile_kernel`); offsets count elements.
+TileKernel: TypeAlias = Callable[
+    [
+        CodeArray,  # codes
+        int,  # their offset
+        Int8Array,  # xq
+        int,  # its offset
+        int,  # its row stride
+        Float32Array,  # xd
+        Float32Array,  # xs
+        int,  # their offset
+        int,  # their row stride
+        MetaArray,  # scale
+        MetaArray,  # low
+        int,  # their offset
+        Float32Array,  # y
+        int,  # its offset
+        int,  # its row stride
+    ],
+    None,
+]
+
+
+class _ArrayStruct(Protocol):
+    data: ir.Value  # the pointer to the array's first element
+
+
+class TargetContext(Protocol):
+    """What the code generators use of numba's target context (numba.core.base.BaseContext,
+    which is unannotated)."""
+
+    def make_array(
+        self, typ: types.Type
+    ) -> Callable[[TargetContext, ir.IRBuilder, ir.Value], _ArrayStruct]: ...
+
+    def get_dummy_value(self) -> ir.Value: ...
+
+
+# An intrinsic's code generator: its typing function gives numba the call's signature and this.
+Codegen: TypeAlias = (
+    "Callable[[TargetContext, ir.IRBuilder, Signature, Sequence[ir.Value]], ir.Value]"
+)
+# The integer sums of one tile and activation group, row by row: body(b, codes, xrows).
+TileBody: TypeAlias = Callable[[ir.IRBuilder, ir.Value, list[ir.Value]], list[ir.Value]]
+
+_C = TypeVar("_C")
+
+
+class CalledAs(Generic[_C]):
+    """`@CalledAs[C]()` over `@intrinsic`: the intrinsic, typed C, as jitted code calls it.
+    numba's stubs type that call with the typing function's parameters, the typing context
+    first, which jitted code never passes, and no result (from Python, the call raises)."""
+
+    def __call__(self, fn: _Intrinsic[Callable[..., object]]) -> _C:
+        return cast(_C, fn)
 
 
 def isa() -> str:
     """ "avx2" where numba compiles for this CPU and it has AVX2, else "generic"."""
     if os.environ.get(ISA_ENV) == "generic":
         return "generic"
-    if config.CPU_NAME not in (None, "host"):  # cross-compiling for another CPU
+    # Cross-compiling for another CPU. (config's reloader sets CPU_NAME, from NUMBA_CPU_NAME,
+    # through globals(): mypy does not see it.)
+    if config.CPU_NAME not in (None, "host"):  # type: ignore[attr-defined]
         return "generic"
     try:
         features = binding.get_host_cpu_features()
@@ -61,7 +136,7 @@ def _vec(n: int, t: ir.Type) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
-def _splat(t: ir.Type, n: int, value) -> ir.Constant:
+def _splat(t: ir.Type, n: int, value: int) -> ir.Constant:
     return ir.Constant(_vec(n, t), [value] * n)
 
 
@@ -69,9 +144,15 @@ def _lanes(n: int, start: int = 0, step: int = 1) -> ir.Constant:
     return ir.Constant(_vec(n, I32), list(range(start, start + n * step, step)))
 
 
-def _call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list) -> ir.Value:
+# numba's (unannotated): the declaration of LLVM function `name` in a module, added once
+_get_or_insert_function: Callable[[ir.Module, ir.FunctionType, str], ir.Function] = (
+    cgutils.get_or_insert_function
+)
+
+
+def _call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
     signature = ir.FunctionType(ret, [a.type for a in args])
-    return b.call(cgutils.get_or_insert_function(b.module, signature, name), args)
+    return b.call(_get_or_insert_function(b.module, signature, name), args)
 
 
 def _maddubs(b: ir.IRBuilder, u: ir.Value, s: ir.Value, x86: bool) -> ir.Value:
@@ -104,7 +185,7 @@ def _abs(b: ir.IRBuilder, w: ir.Value) -> ir.Value:
     return b.select(b.icmp_signed("<", w, zero), b.sub(zero, w), w)  # -128 stays 0x80: 128
 
 
-def _data(context, b: ir.IRBuilder, aryty, ary) -> ir.Value:
+def _data(context: TargetContext, b: ir.IRBuilder, aryty: types.Type, ary: ir.Value) -> ir.Value:
     return context.make_array(aryty)(context, b, ary).data
 
 
@@ -118,7 +199,7 @@ def _broadcast(b: ir.IRBuilder, value: ir.Value, n: int) -> ir.Value:
     return b.shuffle_vector(vec, vec, ir.Constant(_vec(n, I32), [0] * n))
 
 
-def _meta16(b: ir.IRBuilder, aryty, base: ir.Value, offset: ir.Value) -> ir.Value:
+def _meta16(b: ir.IRBuilder, aryty: types.Array, base: ir.Value, offset: ir.Value) -> ir.Value:
     """16 scales or offsets as float32: float16 bits (uint16) widened, or float32 as they are."""
     if aryty.dtype == types.uint16:
         bits = _load(b, base, offset, _vec(16, I16))
@@ -126,7 +207,7 @@ def _meta16(b: ir.IRBuilder, aryty, base: ir.Value, offset: ir.Value) -> ir.Valu
     return _load(b, base, offset, _vec(16, F32))
 
 
-def _tile_kernel(rows: int, body):
+def _tile_kernel(rows: int, body: TileBody) -> TileKernel:
     """An intrinsic y[r, 16 columns] += scale * d_r * sums_r + low * s_r for `rows` rows, where
     body(b, codes, xrows) gives each row's 16 int32 sums of one tile and activation group.
 
@@ -134,11 +215,31 @@ def _tile_kernel(rows: int, body):
     stride, xd, xs, their offset, their row stride, scale, low, their offset, y, y offset, y
     row stride."""
 
+    @CalledAs[TileKernel]()
     @intrinsic
-    def tile(typingctx, codes, co, xq, xo, xstep, xd, xs, do, dstep, scale, low, wo, y, yo, ystep):
+    def tile(
+        typingctx: TypingContext,
+        codes: types.Type,
+        co: types.Type,
+        xq: types.Type,
+        xo: types.Type,
+        xstep: types.Type,
+        xd: types.Type,
+        xs: types.Type,
+        do: types.Type,
+        dstep: types.Type,
+        scale: types.Type,
+        low: types.Type,
+        wo: types.Type,
+        y: types.Type,
+        yo: types.Type,
+        ystep: types.Type,
+    ) -> tuple[Signature, Codegen]:
         sig = types.void(codes, co, xq, xo, xstep, xd, xs, do, dstep, scale, low, wo, y, yo, ystep)
 
-        def codegen(context, b, signature, args):
+        def codegen(
+            context: TargetContext, b: ir.IRBuilder, signature: Signature, args: Sequence[ir.Value]
+        ) -> ir.Value:
             at = signature.args
             code_base = b.gep(_data(context, b, at[0], args[0]), [args[1]])
             x_base = b.gep(_data(context, b, at[2], args[2]), [args[3]])
@@ -168,10 +269,11 @@ def _tile_kernel(rows: int, body):
     return tile
 
 
-def _sums4(rows: int, x86: bool):
-    def body(b, codes, xrows):
+def _sums4(rows: int, x86: bool) -> TileBody:
+    def body(b: ir.IRBuilder, codes: ir.Value, xrows: list[ir.Value]) -> list[ir.Value]:
         nibble, four = _splat(I8, 32, 15), _splat(I8, 32, 4)
-        halves = [[None, None] for _ in range(rows)]  # int16 sums of 16 elements each
+        # int16 sums of 16 elements each
+        halves: list[list[ir.Value | None]] = [[None, None] for _ in range(rows)]
         for j in range(8):
             v = _load(b, codes, 32 * j, _vec(32, I8))
             lo, hi = b.and_(v, nibble), b.and_(b.lshr(v, four), nibble)
@@ -190,9 +292,10 @@ def _sums4(rows: int, x86: bool):
     return body
 
 
-def _sums8(rows: int, act_group: int, x86: bool):
-    def body(b, codes, xrows):
-        halves = [[None, None] for _ in range(rows)]  # int32 sums of columns 0-7 and 8-15
+def _sums8(rows: int, act_group: int, x86: bool) -> TileBody:
+    def body(b: ir.IRBuilder, codes: ir.Value, xrows: list[ir.Value]) -> list[ir.Value]:
+        # int32 sums of columns 0-7 and 8-15
+        halves: list[list[ir.Value | None]] = [[None, None] for _ in range(rows)]
         for j in range(act_group // 4):
             quads = [_broadcast(b, _load(b, xrows[r], 4 * j, I32), 8) for r in range(rows)]
             for h in range(2):
@@ -207,7 +310,7 @@ def _sums8(rows: int, act_group: int, x86: bool):
     return body
 
 
-def tile_kernels(x86: bool) -> dict:
+def tile_kernels(x86: bool) -> dict[str, TileKernel]:
     """The six intrinsics, in x86's instructions or the portable IR (tests hold one to the
     other): 4-bit and 8-bit (activation groups of 32 and 16), for ROW_BLOCK rows or one."""
     kernels = {"tile4_block": _tile_kernel(ROW_BLOCK, _sums4(ROW_BLOCK, x86))}
@@ -225,14 +328,19 @@ tile8_block_32, tile8_row_32 = _chosen["tile8_block_32"], _chosen["tile8_row_32"
 tile8_block_16, tile8_row_16 = _chosen["tile8_block_16"], _chosen["tile8_row_16"]
 
 
+@CalledAs[Callable[[npt.NDArray[np.generic], int], None]]()
 @intrinsic
-def prefetch(typingctx, ary, index):
+def prefetch(
+    typingctx: TypingContext, ary: types.Type, index: types.Type
+) -> tuple[Signature, Codegen]:
     """Ask for element `index` of `ary`'s buffer to be brought into cache (a hint: no fault,
     no result). For reads the hardware prefetcher does not see coming: paged K/V, block by
     block."""
     sig = types.void(ary, index)
 
-    def codegen(context, b, signature, args):
+    def codegen(
+        context: TargetContext, b: ir.IRBuilder, signature: Signature, args: Sequence[ir.Value]
+    ) -> ir.Value:
         pointer = b.gep(_data(context, b, signature.args[0], args[0]), [args[1]])
         i8p = b.bitcast(pointer, I8.as_pointer())
         # read, keep in all cache levels, data cache

@@ -134,7 +134,7 @@ class QuantizedTensor:
 
     # ---- structure -----------------------------------------------------------------------
     def to(self, device: torch.device | str) -> QuantizedTensor:
-        def move(t):
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
 
         sub_scale = move(self.sub_scale)
@@ -168,7 +168,8 @@ def cat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
     if not all(first.same_layout(p) for p in parts[1:]):
         raise ValueError("cannot stack quantized tensors of different layouts")
 
-    def cat(name: str):
+    def cat(name: str) -> torch.Tensor | None:
+        """The parts' optional tensor `name` stacked (one layout: all have it, or none)."""
         tensors = [getattr(p, name) for p in parts]
         return None if tensors[0] is None else torch.cat(tensors)
 
@@ -178,9 +179,9 @@ def cat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
     return replace(
         first,
         shape=(sum(p.shape[0] for p in parts), first.shape[1]),
-        codes=cat("codes"),
-        d=cat("d"),
-        dmin=cat("dmin"),
+        codes=torch.cat([p.codes for p in parts]),
+        d=torch.cat([p.d for p in parts]),
+        dmin=torch.cat([p.dmin for p in parts]),
         sub_scale=sub_scale,
         sub_min=sub_scale if shared else cat("sub_min"),
         kind="+".join(kinds),

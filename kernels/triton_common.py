@@ -18,6 +18,8 @@ Triton's interpreter: that is how the tests check them on machines without a GPU
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -26,10 +28,20 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from kvscope.kernels.torch_ref import kv_scale_per_head
 
+if TYPE_CHECKING:
+    from triton.runtime.jit import JITFunction
+
 LOG2E = math.log2(math.e)
 # The window the kernels take for full attention: wider than any context, and small enough that
 # position arithmetic with it stays in int32.
 NO_WINDOW = 2**30
+
+# `triton.jit`, typed (triton ships no type information, so mypy takes the decorator as untyped):
+# a JITFunction, launched as kernel[grid](...), or an InterpretedFunction under TRITON_INTERPRET=1.
+# Triton reads the kernels' annotations: `tl.constexpr` marks a compile-time argument; `tl.tensor`,
+# what a runtime argument is inside a kernel, specializes as no annotation does (a type name such
+# as `int` or `float` would fix the argument's type instead).
+jit: Callable[[Callable[..., object]], JITFunction | InterpretedFunction] = triton.jit
 
 
 def window_arg(sliding_window: int | None) -> int:
@@ -43,8 +55,10 @@ def window_arg(sliding_window: int | None) -> int:
     return int(sliding_window)
 
 
-@triton.jit
-def fold_kv_scale(x, scale_ptr, kv_head, HAS_SCALE: tl.constexpr):
+@jit
+def fold_kv_scale(
+    x: tl.tensor, scale_ptr: tl.tensor, kv_head: tl.tensor, HAS_SCALE: tl.constexpr
+) -> tl.tensor:
     """x times KV head `kv_head`'s fp8 scale, or x itself without one: K's scale folds into the
     scores' scale, V's into the output."""
     if HAS_SCALE:
@@ -52,31 +66,31 @@ def fold_kv_scale(x, scale_ptr, kv_head, HAS_SCALE: tl.constexpr):
     return x
 
 
-@triton.jit
+@jit
 def attend_kv_tile(
-    q,
-    acc,
-    m_i,
-    l_i,
-    k_cache_ptr,
-    v_cache_ptr,
-    table,
-    pos,
-    valid,
-    visible,
-    block_size,
-    kv_head,
-    stride_kcb,
-    stride_kcs,
-    stride_kch,
-    stride_vcb,
-    stride_vcs,
-    stride_vch,
-    d,
-    d_mask,
-    scale,
+    q: tl.tensor,
+    acc: tl.tensor,
+    m_i: tl.tensor,
+    l_i: tl.tensor,
+    k_cache_ptr: tl.tensor,
+    v_cache_ptr: tl.tensor,
+    table: tl.tensor,
+    pos: tl.tensor,
+    valid: tl.tensor,
+    visible: tl.tensor,
+    block_size: tl.tensor,
+    kv_head: tl.tensor,
+    stride_kcb: tl.tensor,
+    stride_kcs: tl.tensor,
+    stride_kch: tl.tensor,
+    stride_vcb: tl.tensor,
+    stride_vcs: tl.tensor,
+    stride_vch: tl.tensor,
+    d: tl.tensor,
+    d_mask: tl.tensor,
+    scale: tl.tensor,
     DOT_PRECISION: tl.constexpr,
-):
+) -> tuple[tl.tensor, tl.tensor, tl.tensor]:
     """One online-softmax step: the query rows `q` [ROWS, BLOCK_D] against the context tokens
     `pos` [BLOCK_N] of one sequence (`table`: its block table row) in KV head `kv_head`.
     Returns the running (acc, m_i, l_i).

@@ -22,6 +22,7 @@ from kvscope.kernels.triton_common import (
     dot_precision,
     fold_kv_scale,
     gqa_group,
+    jit,
     last_dim_contiguous,
     scale_arg,
     window_arg,
@@ -34,36 +35,36 @@ SPLIT_MIN_PARTITION = 256  # tokens per split: shorter partitions are dominated 
 SPLIT_MAX = 64
 
 
-@triton.jit
+@jit
 def _decode_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    out_ptr,
-    lse_ptr,
-    qk_scale,
-    stride_qb,
-    stride_qh,
-    stride_kcb,
-    stride_kcs,
-    stride_kch,
-    stride_vcb,
-    stride_vcs,
-    stride_vch,
-    stride_bt,
-    stride_ob,
-    stride_oh,
-    stride_os,
-    stride_lb,
-    stride_lh,
-    block_size,
-    group,
-    partition_size,
-    window,
+    q_ptr: tl.tensor,
+    k_cache_ptr: tl.tensor,
+    v_cache_ptr: tl.tensor,
+    block_tables_ptr: tl.tensor,
+    seq_lens_ptr: tl.tensor,
+    k_scale_ptr: tl.tensor,
+    v_scale_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    lse_ptr: tl.tensor,
+    qk_scale: tl.tensor,
+    stride_qb: tl.tensor,
+    stride_qh: tl.tensor,
+    stride_kcb: tl.tensor,
+    stride_kcs: tl.tensor,
+    stride_kch: tl.tensor,
+    stride_vcb: tl.tensor,
+    stride_vcs: tl.tensor,
+    stride_vch: tl.tensor,
+    stride_bt: tl.tensor,
+    stride_ob: tl.tensor,
+    stride_oh: tl.tensor,
+    stride_os: tl.tensor,
+    stride_lb: tl.tensor,
+    stride_lh: tl.tensor,
+    block_size: tl.tensor,
+    group: tl.tensor,
+    partition_size: tl.tensor,
+    window: tl.tensor,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -72,7 +73,7 @@ def _decode_kernel(
     HAS_V_SCALE: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-):
+) -> None:
     """Program (sequence b, KV head, split s): every query head of the KV head's group against
     context tokens [lo + s * partition_size, lo + (s + 1) * partition_size) of sequence b, where
     lo = max(0, seq_len - window) is the first token its sliding window sees (0 without one):
@@ -144,24 +145,24 @@ def _decode_kernel(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
 
 
-@triton.jit
+@jit
 def _decode_reduce_kernel(
-    partial_ptr,
-    lse_ptr,
-    seq_lens_ptr,
-    out_ptr,
-    stride_pb,
-    stride_ph,
-    stride_ps,
-    stride_lb,
-    stride_lh,
-    stride_ob,
-    stride_oh,
-    partition_size,
-    window,
+    partial_ptr: tl.tensor,
+    lse_ptr: tl.tensor,
+    seq_lens_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    stride_pb: tl.tensor,
+    stride_ph: tl.tensor,
+    stride_ps: tl.tensor,
+    stride_lb: tl.tensor,
+    stride_lh: tl.tensor,
+    stride_ob: tl.tensor,
+    stride_oh: tl.tensor,
+    partition_size: tl.tensor,
+    window: tl.tensor,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-):
+) -> None:
     """Program (sequence, query head): merge the sequence's non-empty splits by their lse."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -199,7 +200,8 @@ def device_sm_count(device: torch.device) -> int:
 
 @functools.cache
 def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    count: int = torch.cuda.get_device_properties(index).multi_processor_count
+    return count
 
 
 def decode_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
@@ -213,7 +215,7 @@ def decode_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: 
     programs = batch * num_kv_heads
     if max_context < SPLIT_MIN_CONTEXT or programs >= 2 * num_sms:
         return 1
-    wanted = triton.cdiv(2 * num_sms, programs)
+    wanted: int = triton.cdiv(2 * num_sms, programs)
     return max(1, min(wanted, max_context // SPLIT_MIN_PARTITION, SPLIT_MAX))
 
 

@@ -61,13 +61,15 @@ are a bfloat16 dot's.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.driver import driver
 
 from kvscope.kernels.quant_format import QuantizedTensor
-from kvscope.kernels.triton_common import INTERPRETED, dot_precision, last_dim_contiguous
+from kvscope.kernels.triton_common import INTERPRETED, dot_precision, jit, last_dim_contiguous
 
 # Layouts the kernel takes; every GGUF type uses 16 or 32, the engine's own int4/int8 128.
 SUPPORTED_GROUP_SIZES = (16, 32, 64, 128)
@@ -75,8 +77,37 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DECODE_MAX_M = 64  # up to this many rows of x: the decode tile shape
 
 
-@triton.jit
-def _round_to_bf16(x):
+class LayoutMeta(TypedDict):
+    """A weight's layout, as `quant_matmul_meta` takes it (`layout_meta`)."""
+
+    bits: int
+    group_size: int
+    groups_per_super: int
+    has_sub_scale: bool
+    has_sub_min: bool
+    shared_sub: bool
+
+
+class QuantMatmulMeta(TypedDict):
+    """`_quant_matmul_kernel`'s constexprs and launch options (`quant_matmul_meta`)."""
+
+    BITS: int
+    GROUP: int
+    GROUPS_PER_SUPER: int
+    HAS_SUB_SCALE: bool
+    HAS_SUB_MIN: bool
+    SHARED_SUB: bool
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    DOT_PRECISION: str
+    EMULATE_BF16: bool
+    num_warps: int
+    num_stages: int
+
+
+@jit
+def _round_to_bf16(x: tl.tensor) -> tl.tensor:
     """Round float32 to the nearest bfloat16 (ties to even), still in float32: the cast that
     follows is then exact. Only for the interpreter, which truncates float32 -> bfloat16."""
     bits = x.to(tl.int32, bitcast=True)
@@ -84,25 +115,25 @@ def _round_to_bf16(x):
     return ((bits + 0x7FFF + lsb) & -0x10000).to(tl.float32, bitcast=True)
 
 
-@triton.jit
+@jit
 def _quant_matmul_kernel(
-    x_ptr,
-    codes_ptr,
-    d_ptr,
-    dmin_ptr,
-    sub_scale_ptr,
-    sub_min_ptr,
-    out_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_cn,
-    stride_dn,
-    stride_mn,
-    stride_sn,
-    stride_tn,
-    stride_om,
+    x_ptr: tl.tensor,
+    codes_ptr: tl.tensor,
+    d_ptr: tl.tensor,
+    dmin_ptr: tl.tensor,
+    sub_scale_ptr: tl.tensor,
+    sub_min_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    M: tl.tensor,
+    N: tl.tensor,
+    K: tl.tensor,
+    stride_xm: tl.tensor,
+    stride_cn: tl.tensor,
+    stride_dn: tl.tensor,
+    stride_mn: tl.tensor,
+    stride_sn: tl.tensor,
+    stride_tn: tl.tensor,
+    stride_om: tl.tensor,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUPS_PER_SUPER: tl.constexpr,
@@ -114,7 +145,7 @@ def _quant_matmul_kernel(
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
-):
+) -> None:
     """Program (m tile, n tile): out[m tile, n tile] = x[m tile] @ W[n tile].T over all of K."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -192,7 +223,8 @@ def target_arch() -> int | None:
     where every launch goes); None in the interpreter."""
     if INTERPRETED:
         return None
-    return driver.active.get_current_target().arch
+    arch: int = driver.active.get_current_target().arch
+    return arch
 
 
 def quant_matmul_meta(
@@ -205,7 +237,7 @@ def quant_matmul_meta(
     has_sub_scale: bool,
     has_sub_min: bool,
     shared_sub: bool,
-) -> dict:
+) -> QuantMatmulMeta:
     """`_quant_matmul_kernel`'s constexprs and launch options (num_warps, num_stages) for M rows
     of x in `dtype` times a weight of the given layout on compute capability `arch` (None: the
     interpreter): what `quantized_matmul_triton` launches with, and what
@@ -223,7 +255,7 @@ def quant_matmul_meta(
     else:
         block_m, block_n, block_k = 128, 64, 64
         num_warps, num_stages = 8, 3
-    return dict(
+    return QuantMatmulMeta(
         BITS=bits,
         GROUP=group_size,
         GROUPS_PER_SUPER=groups_per_super,
@@ -240,10 +272,10 @@ def quant_matmul_meta(
     )
 
 
-def layout_meta(w: QuantizedTensor) -> dict:
+def layout_meta(w: QuantizedTensor) -> LayoutMeta:
     """The weight's side of `quant_matmul_meta`'s arguments."""
     shared = w.sub_min is not None and w.sub_min is w.sub_scale
-    return dict(
+    return LayoutMeta(
         bits=w.bits,
         group_size=w.group_size,
         groups_per_super=w.super_group_size // w.group_size,

@@ -7,11 +7,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kvscope.kernels.triton_common import cache_strides, last_dim_contiguous, scale_arg
+from kvscope.kernels.triton_common import cache_strides, jit, last_dim_contiguous, scale_arg
 
 
-@triton.jit
-def _round_to_e4m3(x):
+@jit
+def _round_to_e4m3(x: tl.tensor) -> tl.tensor:
     """Round float32 to the nearest float8_e4m3fn value (ties to even, saturating at +-448),
     still in float32. The cast that follows is then exact: the same bits as torch's conversion on
     every backend (Triton's interpreter rounds fp8 casts without carrying into the exponent)."""
@@ -29,34 +29,34 @@ def _round_to_e4m3(x):
     return tl.where(mag < 0.015625, sub, normal)
 
 
-@triton.jit
+@jit
 def _store_kv_kernel(
-    k_ptr,
-    v_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_kcb,
-    stride_kcs,
-    stride_kch,
-    stride_vcb,
-    stride_vcs,
-    stride_vch,
-    num_kv_heads,
-    block_size,
+    k_ptr: tl.tensor,
+    v_ptr: tl.tensor,
+    k_cache_ptr: tl.tensor,
+    v_cache_ptr: tl.tensor,
+    slot_ptr: tl.tensor,
+    k_scale_ptr: tl.tensor,
+    v_scale_ptr: tl.tensor,
+    stride_kt: tl.tensor,
+    stride_kh: tl.tensor,
+    stride_vt: tl.tensor,
+    stride_vh: tl.tensor,
+    stride_kcb: tl.tensor,
+    stride_kcs: tl.tensor,
+    stride_kch: tl.tensor,
+    stride_vcb: tl.tensor,
+    stride_vcs: tl.tensor,
+    stride_vch: tl.tensor,
+    num_kv_heads: tl.tensor,
+    block_size: tl.tensor,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_K_SCALE: tl.constexpr,
     HAS_V_SCALE: tl.constexpr,
     FP8: tl.constexpr,
-):
+) -> None:
     """One program per token: every KV head of its K and V into its slot (-1: padding, skip)."""
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)

@@ -38,8 +38,8 @@ def run_allocator(
         allocator=allocator,
     )
     engine = llm.engine
-    for i, (prompt, m) in enumerate(zip(prompts, max_tokens, strict=True)):
-        engine.add_request(f"req-{i}/0", prompt, SamplingParams(max_tokens=m, temperature=0.0))
+    for i, (prompt, budget) in enumerate(zip(prompts, max_tokens, strict=True)):
+        engine.add_request(f"req-{i}/0", prompt, SamplingParams(max_tokens=budget, temperature=0.0))
     shares, running = [], []
     generated = 0
     start = time.perf_counter()

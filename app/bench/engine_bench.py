@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvscope.engine import LLM, SamplingParams
+from kvscope.engine import LLM, RequestOutput, SamplingParams
 
 
 @dataclass
@@ -24,6 +24,12 @@ class EngineWorkloadResult:
     peak_num_running: int
     num_preemptions: int
     num_steps: int
+
+
+def _ttft_s(out: RequestOutput) -> float:
+    m = out.metrics
+    assert m is not None and m.first_token_time is not None  # the engine's, finished: it has both
+    return m.first_token_time - m.arrival_time
 
 
 @dataclass
@@ -54,7 +60,7 @@ def run_engine_workload(
     wall = time.perf_counter() - start
     after = llm.stats()
     generated = [len(o.outputs[0].token_ids) for o in outputs]
-    ttft = np.array([o.metrics.first_token_time - o.metrics.arrival_time for o in outputs])
+    ttft = np.array([_ttft_s(o) for o in outputs])
     return EngineWorkloadResult(
         num_requests=len(prompts),
         generated_tokens=generated,

@@ -7,17 +7,20 @@ import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    PreTrainedModel,
-    StoppingCriteria,
-    StoppingCriteriaList,
-)
+from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
 
 from kvscope.app.bench.engine_bench import DecodeTiming
 from kvscope.engine.model.loader import default_model_path
+
+if TYPE_CHECKING:
+    from transformers import GenerationMixin, PreTrainedModel
+
+    class CausalLM(PreTrainedModel, GenerationMixin):
+        """What AutoModelForCausalLM builds: a model with `generate`, which PreTrainedModel
+        itself no longer has."""
 
 
 @dataclass
@@ -32,7 +35,7 @@ class HFRunResult:
     useful_tokens_per_s: float
 
 
-def load_hf_model(path: Path | None = None) -> PreTrainedModel:
+def load_hf_model(path: Path | None = None) -> CausalLM:
     """The bundled GGUF through transformers, float32 (HF needs `accelerate` to read GGUF)."""
     if importlib.util.find_spec("accelerate") is None:
         raise ModuleNotFoundError(
@@ -66,7 +69,7 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 
 def generate_new_tokens(
-    model: PreTrainedModel,
+    model: CausalLM,
     prompts: list[list[int]],
     max_new_tokens: int,
     eos_ids: set[int],
@@ -89,7 +92,7 @@ def generate_new_tokens(
 
 
 def run_hf_batched(
-    model: PreTrainedModel,
+    model: CausalLM,
     prompts: list[list[int]],
     max_tokens: list[int],
     eos_ids: set[int],
@@ -136,7 +139,7 @@ class _StepClock(StoppingCriteria):
 
 
 def measure_hf_decode(
-    model: PreTrainedModel, prompt: list[int], steps: int, eos_ids: set[int], pad_id: int
+    model: CausalLM, prompt: list[int], steps: int, eos_ids: set[int], pad_id: int
 ) -> DecodeTiming:
     """Batch-1 `generate` of 1 + `steps` tokens; the gaps between tokens are the decode steps."""
     clock = _StepClock()

@@ -49,7 +49,9 @@ def _agent_prompts(llm: LLM, workload: Path | None) -> list[list[int]]:
 
 def _ttft(llm: LLM, prompt: list[int]) -> tuple[float, int]:
     out = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))[0]
-    return out.metrics.first_token_time - out.metrics.arrival_time, out.num_cached_tokens
+    m = out.metrics
+    assert m is not None and m.first_token_time is not None  # the engine's, finished: it has both
+    return m.first_token_time - m.arrival_time, out.num_cached_tokens
 
 
 def measure_prefix_ttft(

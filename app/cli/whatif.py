@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 PARALLEL_STEPS = 10_000  # simulated steps (~0.3 ms each) past which a sweep uses processes
 COLUMNS = (
@@ -96,7 +97,10 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
-    rows = [("recorded run", s.num_blocks, recorded_summary(trace).to_dict(), "")]
+    # (settings, blocks, summary or None where they cannot run, why not)
+    rows: list[tuple[str, int, dict[str, Any] | None, str]] = [
+        ("recorded run", s.num_blocks, recorded_summary(trace).to_dict(), "")
+    ]
     started = time.perf_counter()
     # A process costs ~2 s to start (torch's import): worth it past ~3 s of simulation.
     work = (len(points) + 1) * len(trace.steps)

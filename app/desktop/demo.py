@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
@@ -20,6 +21,15 @@ from kvscope.app.core.settings import AppSettings, SamplingSettings, load_settin
 from kvscope.app.desktop.window import MainWindow
 
 DEMO_SAMPLING = SamplingSettings(temperature=0.7, top_p=0.9, max_tokens=32, seed=7)
+
+
+@dataclass
+class _DemoState:
+    started: bool = False
+    done: int = 0
+    first: int | None = None  # the first demo chat, opened for the screenshot
+    paused_at: int = 0  # the step the map paused at; set before finish() can run
+    rc: int = 1
 
 
 def demo_prompts(n: int) -> list[str]:
@@ -36,46 +46,46 @@ def run_demo(app: QApplication, n: int, screenshot: str | None) -> int:
     settings = AppSettings(engine=engine, sampling=DEMO_SAMPLING)
     window = MainWindow(settings=settings, persist_settings=False)
     window.show()
-    state = {"started": False, "done": 0, "first": None, "rc": 1}
+    state = _DemoState()
 
     def start(_info) -> None:
-        if state["started"]:
+        if state.started:
             return
-        state["started"] = True
+        state.started = True
         for prompt in demo_prompts(n):
             cid = window.chats.new_conversation()
-            state["first"] = state["first"] or cid
+            state.first = state.first or cid
             window.chats.send_message(prompt, cid)
 
     def one_done(_cid: int, _detail: str) -> None:
-        state["done"] += 1
-        if state["done"] == 1:
+        state.done += 1
+        if state.done == 1:
             window.set_map_paused(True)
             step = window.last_telemetry.stats["num_steps"] if window.last_telemetry else 0
-            state["paused_at"] = step
-        if state["done"] == n:
+            state.paused_at = step
+        if state.done == n:
             QTimer.singleShot(0, finish)
 
     def finish() -> None:
         # The map holds the last snapshot before the first chat finished.
-        window.statusBar().showMessage(f"Demo done · map paused at step {state['paused_at']}")
-        window.chats.open_conversation(state["first"])
+        window.statusBar().showMessage(f"Demo done · map paused at step {state.paused_at}")
+        window.chats.open_conversation(state.first)
         # Let layout and the map paint before the grab.
         QTimer.singleShot(300, grab)
 
     def grab() -> None:
         if screenshot:
             if window.grab().save(screenshot):
-                state["rc"] = 0
+                state.rc = 0
             else:
                 print(f"error: could not write {screenshot}", file=sys.stderr)
         else:
-            state["rc"] = 0
+            state.rc = 0
         window.close()
         app.quit()
 
     def failed(message: str) -> None:
-        if not state["started"]:
+        if not state.started:
             print(f"error: the model could not be loaded: {message}", file=sys.stderr)
             window.close()
             app.exit(1)
@@ -85,4 +95,4 @@ def run_demo(app: QApplication, n: int, screenshot: str | None) -> int:
     window.chats.reply_finished.connect(one_done)
     window.chats.reply_failed.connect(one_done)
     app.exec()
-    return state["rc"]
+    return state.rc

@@ -27,7 +27,9 @@ def elide_middle(text: str, max_chars: int) -> str:
 
 
 class ElidedLabel(QLabel):
-    def __init__(self, *args, elide: Qt.TextElideMode = Qt.ElideRight, **kwargs) -> None:
+    def __init__(
+        self, *args, elide: Qt.TextElideMode = Qt.TextElideMode.ElideRight, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.elide_mode = elide
 
@@ -47,5 +49,5 @@ class ElidedLabel(QLabel):
     def paintEvent(self, _event) -> None:  # noqa: N802 (Qt's name)
         painter = QPainter(self)
         painter.setPen(self.palette().color(self.foregroundRole()))
-        align = int(self.alignment() | Qt.AlignVCenter)
+        align = int(self.alignment() | Qt.AlignmentFlag.AlignVCenter)
         painter.drawText(self.contentsRect(), align, self.shown_text())

@@ -6,6 +6,8 @@ each other; the command line calls `run_window` here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
@@ -22,9 +24,10 @@ def set_app_icon(app: QApplication) -> None:
 
 
 def run_window(
-    demo: int | None = None, screenshot: str | None = None, connections: list[Connection] = ()
+    demo: int | None = None, screenshot: str | None = None, connections: Sequence[Connection] = ()
 ) -> int:
     app = QApplication.instance() or QApplication([])
+    assert isinstance(app, QApplication)  # the window needs a widget app, not a core one
     app.setApplicationName("KVScope")
     set_app_icon(app)
     if demo:

@@ -29,25 +29,29 @@ UNLIMITED = 16_777_215  # Qt's QWIDGETSIZE_MAX, which PySide6 does not export
 
 class MapColumn(QSplitter):
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(Qt.Vertical, parent, objectName="mapColumn", childrenCollapsible=False)
+        super().__init__(Qt.Orientation.Vertical, parent, childrenCollapsible=False)
+        self.setObjectName("mapColumn")
         self.blockmap = BlockMapPanel()
         # Its metrics strip asks for ever more width as numbers grow; the window keeps its
         # size and the panel gets what the splitter gives it.
         self.blockmap.setMinimumWidth(MAP_MIN_WIDTH)
         self._keep_plots_readable()
         self.loadgen_panel = LoadGeneratorPanel()
-        self.loadgen_toggle = QToolButton(
-            text="Simulated users (load generator)", checkable=True, objectName="sectionToggle"
-        )
-        self.loadgen_toggle.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
-        self.loadgen_toggle.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.loadgen_toggle = QToolButton()
+        self.loadgen_toggle.setText("Simulated users (load generator)")
+        self.loadgen_toggle.setCheckable(True)
+        self.loadgen_toggle.setObjectName("sectionToggle")
+        self.loadgen_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.loadgen_toggle.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.loadgen_toggle.toggled.connect(self._toggle_loadgen)
-        self.loadgen_scroll = QScrollArea(objectName="loadgenScroll", widgetResizable=True)
-        self.loadgen_scroll.setFrameShape(QFrame.NoFrame)
-        self.loadgen_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.loadgen_scroll = QScrollArea(widgetResizable=True)
+        self.loadgen_scroll.setObjectName("loadgenScroll")
+        self.loadgen_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.loadgen_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.loadgen_scroll.setMinimumHeight(LOADGEN_MIN_HEIGHT)
         self.loadgen_scroll.setWidget(self.loadgen_panel)
-        self.loadgen_section = QWidget(objectName="loadgenSection")
+        self.loadgen_section = QWidget()
+        self.loadgen_section.setObjectName("loadgenSection")
         section_layout = QVBoxLayout(self.loadgen_section)
         section_layout.setContentsMargins(0, 0, 0, 0)
         section_layout.setSpacing(0)
@@ -69,7 +73,9 @@ class MapColumn(QSplitter):
 
     def _toggle_loadgen(self, shown: bool) -> None:
         self.loadgen_scroll.setVisible(shown)
-        self.loadgen_toggle.setArrowType(Qt.DownArrow if shown else Qt.RightArrow)
+        self.loadgen_toggle.setArrowType(
+            Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow
+        )
         header = self.loadgen_toggle.sizeHint().height()
         self.loadgen_section.setMaximumHeight(UNLIMITED if shown else header)
         self.handle(1).setEnabled(shown)

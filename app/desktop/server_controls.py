@@ -55,7 +55,8 @@ class ServerControls(QObject):
         self.copy_action = QAction("Copy the server URL", window)
         self.copy_action.setEnabled(False)
         self.copy_action.triggered.connect(self.copy_url)
-        self.badge = QToolButton(objectName="serverBadge", autoRaise=True)
+        self.badge = QToolButton(autoRaise=True)
+        self.badge.setObjectName("serverBadge")
         self.badge.clicked.connect(self.copy_url)
         self.badge.hide()
         if isinstance(window, QMainWindow):

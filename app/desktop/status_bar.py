@@ -26,13 +26,17 @@ KERNEL_SHARE = 0.5  # of the bar's width, at most, for the CPU kernels' line
 class EngineStatusBar(QStatusBar):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state_label = QLabel("Starting…", objectName="engineState")
-        self.pool_label = QLabel(objectName="poolLabel")
+        self.state_label = QLabel("Starting…")
+        self.state_label.setObjectName("engineState")
+        self.pool_label = QLabel()
+        self.pool_label.setObjectName("poolLabel")
         sample_width = self.pool_label.fontMetrics().horizontalAdvance(POOL_LABEL_SAMPLE)
         self.pool_label.setFixedWidth(sample_width + 16)
         # Elided: the long model line must not set the window's minimum width.
         self.model_label = ElidedLabel(objectName="modelLabel")
-        self.busy_bar = QProgressBar(objectName="busyBar", maximumWidth=140, textVisible=False)
+        self.busy_bar = QProgressBar(textVisible=False)
+        self.busy_bar.setObjectName("busyBar")
+        self.busy_bar.setMaximumWidth(140)
         self.busy_bar.setRange(0, 0)
         self.busy_bar.setVisible(False)
         # Elided too: shown whole it took 265 px, and the bar with it outgrew a 1024-px screen.
@@ -100,7 +104,7 @@ class EngineStatusBar(QStatusBar):
 
     def event(self, e: QEvent) -> bool:
         # A badge shown, a resize: the kernels' line is fitted again to the room left.
-        if e.type() in (QEvent.LayoutRequest, QEvent.Resize) and self._kernel_line:
+        if e.type() in (QEvent.Type.LayoutRequest, QEvent.Type.Resize) and self._kernel_line:
             self._fit_kernels()
         return super().event(e)
 
@@ -135,7 +139,7 @@ class EngineStatusBar(QStatusBar):
         mine = (self.kernel_label, self.model_label)
         others = [
             w
-            for w in self.findChildren(QWidget, options=Qt.FindDirectChildrenOnly)
+            for w in self.findChildren(QWidget, options=Qt.FindChildOption.FindDirectChildrenOnly)
             if w not in mine and w.isVisible()
         ]
         wanted = sum(max(w.minimumWidth(), w.sizeHint().width()) for w in others)

@@ -50,6 +50,7 @@ class ThemeKeeper(QObject):
         palette = set_current(self.shown)
         sheet = (ASSETS_DIR / STYLESHEETS[self.shown]).read_text()
         app = QApplication.instance()
+        assert isinstance(app, QApplication)  # the stylesheet and palette are a widget app's
         if app.styleSheet() != sheet:  # re-polishing every widget is not free
             app.setStyleSheet(sheet)
         colors = app.palette()
@@ -70,6 +71,7 @@ class ThemeKeeper(QObject):
 def theme_keeper() -> ThemeKeeper:
     """The application's ThemeKeeper, made on first use."""
     app = QApplication.instance()
+    assert app is not None  # made by the widgets that follow the theme, so after the app
     keeper = app.findChild(ThemeKeeper, KEEPER_NAME)
     return keeper if keeper is not None else ThemeKeeper(app)
 

@@ -11,6 +11,7 @@ and shows errors.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
@@ -23,7 +24,13 @@ from PySide6.QtWidgets import (
 from kvscope.app.core.engine_messages import EngineInfo, Telemetry
 from kvscope.app.core.paths import data_dir
 from kvscope.app.core.request_ids import conversation_of_group, group_of
-from kvscope.app.core.settings import AppSettings, load_settings, save_settings, settings_path
+from kvscope.app.core.settings import (
+    AppSettings,
+    EngineSettings,
+    load_settings,
+    save_settings,
+    settings_path,
+)
 from kvscope.app.desktop.chat.chat_view import ChatView
 from kvscope.app.desktop.chat.controller import ChatController
 from kvscope.app.desktop.chat.conversation_list import ConversationList
@@ -59,7 +66,7 @@ class MainWindow(QMainWindow):
         loaded_model=None,
         store_path=None,
         persist_settings: bool = True,
-        connections: list[Connection] = (),
+        connections: Sequence[Connection] = (),
     ) -> None:
         """`connections`: remote servers to watch and chat with (kvscope --connect)."""
         super().__init__()
@@ -68,7 +75,8 @@ class MainWindow(QMainWindow):
         self._persist_settings = persist_settings
         self.last_error: str | None = None
         # The EngineSettings of the last Apply, and (them, why) while they failed to build.
-        self._attempted_engine = self._failed_engine = None
+        self._attempted_engine: EngineSettings | None = None
+        self._failed_engine: tuple[EngineSettings, str] | None = None
         self._error_box: QMessageBox | None = None
         settings_problem = None
         if settings is None:
@@ -160,12 +168,14 @@ class MainWindow(QMainWindow):
         # block map's full height.
         self.remote_view = RemoteView(self.connections, parent=self)
         self.remote_view.hide()
-        self.map_tabs = QTabWidget(objectName="mapTabs", documentMode=True, tabBarAutoHide=True)
+        self.map_tabs = QTabWidget(documentMode=True, tabBarAutoHide=True)
+        self.map_tabs.setObjectName("mapTabs")
         self.map_tabs.addTab(right, "This engine")
         self._show_remote_tab()
         self.connections.changed.connect(self._show_remote_tab)
 
-        splitter = QSplitter(Qt.Horizontal, objectName="mainSplitter")
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.setObjectName("mainSplitter")
         splitter.addWidget(self.conversations)
         splitter.addWidget(self.chat)
         splitter.addWidget(self.map_tabs)
@@ -287,6 +297,7 @@ class MainWindow(QMainWindow):
     def _show_telemetry(self) -> None:
         self._telemetry_due = False
         telemetry = self.last_telemetry
+        assert telemetry is not None  # _on_telemetry sets it before it schedules this
         self.status.show_pool(telemetry.stats)
         if not self._map_paused:
             self.blockmap.update_view(
@@ -343,8 +354,10 @@ class MainWindow(QMainWindow):
         """A non-blocking error dialog plus the status bar; the app keeps running."""
         self.last_error = message
         self.status.showMessage(f"{title}: {message.splitlines()[0]}", 15_000)
-        box = QMessageBox(QMessageBox.Warning, title, message, QMessageBox.Ok, self)
-        box.setAttribute(Qt.WA_DeleteOnClose)
+        box = QMessageBox(
+            QMessageBox.Icon.Warning, title, message, QMessageBox.StandardButton.Ok, self
+        )
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
         self._error_box = box
         self.error_shown.emit(message)
@@ -372,10 +385,10 @@ class MainWindow(QMainWindow):
             self,
             "Quit KVScope",
             f"{replies} still being generated. Quit anyway? What is written so far is kept.",
-            QMessageBox.Yes | QMessageBox.No,
-            QMessageBox.No,
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            QMessageBox.StandardButton.No,
         )
-        return answer == QMessageBox.Yes
+        return answer == QMessageBox.StandardButton.Yes
 
     def request_quit(self) -> None:
         """The Quit action: asks first while replies stream."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
-from PySide6.QtWidgets import QMainWindow, QWidget
+from PySide6.QtWidgets import QMainWindow, QMenu, QWidget
 
 from kvscope.app.core.settings import THEMES
 
@@ -25,7 +25,7 @@ class WindowMenus:
 
 def settings_shortcuts() -> list[QKeySequence]:
     """The platform's Preferences key(s), plus Ctrl+, where that is not already one."""
-    keys = QKeySequence.keyBindings(QKeySequence.Preferences)
+    keys = QKeySequence.keyBindings(QKeySequence.StandardKey.Preferences)
     comma = QKeySequence(SETTINGS_KEY)
     return keys + [comma] if comma not in keys else keys
 
@@ -44,10 +44,12 @@ def build_menus(
     """Fill the window's menu bar. Delete works while focus is inside `delete_scope` (the chat
     list), so the key keeps its meaning in text boxes."""
     menu = window.menuBar().addMenu("&Chat")
-    new = QAction("New chat", window, shortcut=QKeySequence.New)
+    new = QAction("New chat", window)
+    new.setShortcut(QKeySequence.StandardKey.New)
     new.triggered.connect(new_chat)
-    delete = QAction("Delete chat…", window, shortcut=QKeySequence.Delete)
-    delete.setShortcutContext(Qt.WidgetWithChildrenShortcut)
+    delete = QAction("Delete chat…", window)
+    delete.setShortcut(QKeySequence.StandardKey.Delete)
+    delete.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
     delete.triggered.connect(delete_chat)
     delete_scope.addAction(delete)
     exports = []
@@ -58,7 +60,8 @@ def build_menus(
     settings = QAction("Model and engine…", window)
     settings.setShortcuts(settings_shortcuts())
     settings.triggered.connect(open_settings)
-    quit_ = QAction("Quit", window, shortcut=QKeySequence.Quit)
+    quit_ = QAction("Quit", window)
+    quit_.setShortcut(QKeySequence.StandardKey.Quit)
     quit_.triggered.connect(request_quit)
     menu.addActions([new, delete, *exports, settings])
     menu.addSeparator()
@@ -70,7 +73,8 @@ def build_menus(
     pause_map.toggled.connect(set_map_paused)
     engine_menu.addAction(pause_map)
     theme_menu = window.menuBar().addMenu("&View").addMenu("Theme")
-    group = QActionGroup(window, exclusive=True)
+    group = QActionGroup(window)
+    group.setExclusive(True)
     themes = {}
     for theme in THEMES:
         label = "System (follow the desktop)" if theme == "system" else theme.capitalize()
@@ -85,7 +89,8 @@ def add_engine_actions(window: QMainWindow, actions: list[QAction]) -> None:
     """Append actions (recording: app/desktop/recording/controls.py) to the Engine menu."""
     for action in window.menuBar().actions():
         menu = action.menu()
-        if menu is not None and menu.title() == "&Engine":
+        # QAction.menu() is typed as a QObject; a menu bar's actions hold QMenus.
+        if isinstance(menu, QMenu) and menu.title() == "&Engine":
             menu.addSeparator()
             menu.addActions(actions)
             return

@@ -261,6 +261,7 @@ class KVStream:
             self.update(error=str(e))
 
     def _replay_into(self, start: int, until: int | None) -> None:
+        assert self._replay is not None  # each caller returned early without a replay socket
         self._deliver(self._replay.request(start), until)
 
     def _deliver(self, frames: list[tuple[int, bytes]], until: int | None) -> None:

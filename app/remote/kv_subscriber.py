@@ -158,10 +158,11 @@ class KVEventSubscriber:
         sub.connect(self.endpoint)
         self._ctx = ctx
         replay = None
-        if self.replay_endpoint:
+        replay_endpoint = self.replay_endpoint
+        if replay_endpoint:
             replay = ReplayClient(
-                lambda: self._socket(ctx, zmq.DEALER, self.replay_endpoint),
-                self.replay_endpoint,
+                lambda: self._socket(ctx, zmq.DEALER, replay_endpoint),
+                replay_endpoint,
                 on_malformed=lambda why: self.stream.bump("malformed", error=why),
                 stopping=self._stop.is_set,
                 backoff=self.backoff,

@@ -123,9 +123,10 @@ def _event(raw: Any, index: int) -> Event:
             raise MalformedFrame(f"event {index}: unknown event type {tag!r:.40}")
         values = dict(zip(names, raw[1:], strict=False))
     elif isinstance(raw, dict):
-        tag = raw.get("type")
-        if tag not in _FIELDS:
-            raise MalformedFrame(f"event {index}: unknown event type {tag!r:.40}")
+        found = raw.get("type")
+        if not isinstance(found, str) or found not in _FIELDS:
+            raise MalformedFrame(f"event {index}: unknown event type {found!r:.40}")
+        tag = found
         values = raw
     else:
         raise MalformedFrame(f"event {index}: expected an array or map, got {type(raw).__name__}")

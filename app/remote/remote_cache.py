@@ -165,6 +165,12 @@ class RemoteCache:
             h, parent, _, _, group, _ = raw
             self._order.added((group, h), None if parent is None else (group, parent))
 
+    @property
+    def _written_order(self) -> LeafOrder:
+        # Only the writers below reach this, and each runs after _writable() gave a copy its own.
+        assert self._order is not None
+        return self._order
+
     def clear(self) -> None:
         """The server dropped everything (AllBlocksCleared: a reset, or a restart)."""
         self._blocks.clear()
@@ -188,7 +194,7 @@ class RemoteCache:
         self._blocks.set(key, (h, parent, tokens, bs, group, now))
         if num_tokens(tokens) == bs:
             self._by_content.set((group, parent, tokens), h)
-        self._order.added(key, None if parent is None else (group, parent))
+        self._written_order.added(key, None if parent is None else (group, parent))
         self.stored_total += 1
         if len(self._blocks) <= self.max_blocks:
             return 1
@@ -203,12 +209,12 @@ class RemoteCache:
         self.removed_total += 1
 
     def _evict(self) -> None:
-        self._drop(self._order.next_out())
+        self._drop(self._written_order.next_out())
         self.not_kept += 1
 
     def _drop(self, key: tuple[int, BlockHash]) -> None:
         self._unlink(key, self._blocks.pop(key))
-        self._order.discard(key)
+        self._written_order.discard(key)
         group = key[0]
         left = self._group_sizes[group] - 1
         if left:
@@ -224,7 +230,7 @@ class RemoteCache:
         if self._by_content.get(content) == h:
             self._by_content.pop(content)
         if parent is not None and (group, parent) != key:
-            self._order.unlinked((group, parent))
+            self._written_order.unlinked((group, parent))
 
     def _record(self, now: float) -> None:
         if self.history and 0 <= now - self.history[-1][0] < HISTORY_STEP_S:

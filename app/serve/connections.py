@@ -133,6 +133,8 @@ class GuardedH11Protocol(H11Protocol):
             return  # a deadline runs from the start of its phase, not from the latest byte
         self._cancel_deadline()
         self._phase = phase
+        if phase is None:
+            return  # not waiting on the client for a request: nothing of ours to time
         timeout = {"head": self._header_timeout_s, "body": self.limits.body_timeout_s}.get(phase)
         if timeout is not None:
             self._deadline = self.loop.call_later(timeout, self._expired, phase, timeout)

@@ -37,7 +37,7 @@ import time
 from collections import OrderedDict, deque
 from functools import cache
 from itertools import count
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import zmq
@@ -50,6 +50,14 @@ log = logging.getLogger(__name__)
 MEDIUM_GPU = "GPU"
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 ENCODINGS = ("map", "array")  # the first is vLLM 0.33's and our default
+
+
+class _StoredRun(Protocol):
+    """The fields of a BlockStored (built per encoding by event_structs) that a run extends."""
+
+    block_hashes: list[int | bytes]
+    token_ids: list[int]
+    group_idx: int | None
 
 
 @cache
@@ -184,7 +192,7 @@ class KVEventTranslator:
     def _stored(self, blocks) -> None:
         BlockStored = self.structs["BlockStored"]
         int_hashes = self.hasher.int_hashes
-        run: BlockStored | None = None
+        run: _StoredRun | None = None
         for block in blocks:
             key = self.engine.block_hash(block)
             if key is None:
@@ -239,10 +247,10 @@ class ZmqEventPublisher:
         buffer_steps: int = 10_000,
         hwm: int = 100_000,
     ) -> None:
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.SyncContext = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(hwm)
-        self._replay = None
+        self._replay: zmq.SyncSocket | None = None
         try:
             self._pub.bind(endpoint)
             if replay_endpoint:
@@ -286,7 +294,7 @@ class ZmqEventPublisher:
         while True:
             if self._replay is not None and self._replay.poll(0):
                 try:
-                    self._answer_replay()
+                    self._answer_replay(self._replay)
                 except zmq.ZMQError:
                     log.exception("KV event replay failed")
             try:
@@ -302,8 +310,8 @@ class ZmqEventPublisher:
             self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append((seq, payload))
 
-    def _answer_replay(self) -> None:
-        frames = self._replay.recv_multipart()
+    def _answer_replay(self, replay: zmq.SyncSocket) -> None:
+        frames = replay.recv_multipart()
         if len(frames) != 3 or len(frames[2]) != 8:
             log.warning("ignoring a malformed KV event replay request (%d frames)", len(frames))
             return
@@ -311,7 +319,5 @@ class ZmqEventPublisher:
         start_seq = int.from_bytes(start, "big")
         for seq, payload in list(self._buffer):
             if seq >= start_seq:
-                self._replay.send_multipart(
-                    (client, b"", self._topic, seq.to_bytes(8, "big"), payload)
-                )
-        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+                replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
+        replay.send_multipart((client, b"", b"", END_SEQ, b""))

@@ -50,7 +50,7 @@ class RateLimitFilter(logging.Filter):
                 self._kinds[kind] = (last, dropped + 1)
                 return False
             self._kinds[kind] = (now, 0)
-        if dropped:
+        if dropped and last is not None:  # it dropped some only after letting one through
             # No '%' in the note: safe to append whether or not the record has arguments.
             record.msg = (
                 f"{record.msg} [{dropped} more like this in the last {now - last:.0f} s not logged]"

@@ -54,7 +54,8 @@ UNTAKEN_TTL_S = 300.0
 
 def request_tokens_buckets(max_model_len: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to max_model_len: vLLM's buckets for token counts."""
-    buckets, scale = [], 1
+    buckets: list[int] = []
+    scale = 1
     while True:
         for mantissa in (1, 2, 5):
             if mantissa * scale > max_model_len:
@@ -253,7 +254,9 @@ class RequestFamilies:
             computed = computed_by_first if c.index == 0 or not forks else 0
             new = len(c.token_ids) - sample.tokens
             if new > 0:
-                if sample.first_token is None:  # its prefill completed in this step
+                # No token yet (first_token and last_token are set together): its prefill
+                # completed in this step.
+                if sample.last_token is None:
                     sample.first_token = now
                     self.ttft.observe(now - tracked.arrival)
                     self.prompt_tokens.inc(num_prompt)

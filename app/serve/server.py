@@ -76,8 +76,11 @@ class Server:
         )
         self.metrics.describe_cache(engine)
         # Our own engine thread, unless the caller steps the engine (and drains the driver).
-        self._engine_thread = EngineThread(EngineDriver(engine)) if driver is None else None
-        self.driver = driver if driver is not None else self._engine_thread.driver
+        self._engine_thread: EngineThread | None = None
+        if driver is None:
+            self._engine_thread = EngineThread(EngineDriver(engine))
+            driver = self._engine_thread.driver
+        self.driver = driver
         self.driver.step_hooks.append(lambda outs: self.metrics.observe(engine, outs))
         self.publisher: ZmqEventPublisher | None = None
         self.translator: KVEventTranslator | None = None

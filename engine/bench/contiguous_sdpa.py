@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from kvscope.engine.llm import LLM
 
 PREFILL_TOKENS_PER_CHUNK = 16384  # bounds prefill activations on smaller GPUs
+# What the decoder layers call by name in llama's namespace; swapped by name, since the stand-in
+# takes a _Span where the engine's attention takes AttentionMetadata.
+_SWAPPED = "paged_attention"
 
 
 def sdpa_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -109,12 +112,12 @@ def _contiguous_attention(
 @contextmanager
 def _attention_swapped() -> Iterator[None]:
     """The decoder layers call `_contiguous_attention` instead of `paged_attention` meanwhile."""
-    paged = llama.paged_attention  # an AttributeError here: the layers no longer call it by name
-    llama.paged_attention = _contiguous_attention
+    paged = getattr(llama, _SWAPPED)  # an AttributeError here: the layers no longer call it
+    setattr(llama, _SWAPPED, _contiguous_attention)
     try:
         yield
     finally:
-        llama.paged_attention = paged
+        setattr(llama, _SWAPPED, paged)
 
 
 class ContiguousSdpaDecoder:
@@ -129,9 +132,10 @@ class ContiguousSdpaDecoder:
         b, t = ids.shape
         positions = torch.arange(start, start + t, device=ids.device).repeat(b)
         with _attention_swapped():
-            hidden = self.model.forward(
-                ids.reshape(-1), positions, self.cache, _Span(rows, b, t, start)
-            )
+            span = _Span(rows, b, t, start)
+            # Stand-ins for the KVCache and the AttentionMetadata: only the swapped-in attention
+            # reads the span, and the layers ask the cache for nothing _ContiguousCache lacks.
+            hidden = self.model.forward(ids.reshape(-1), positions, self.cache, span)  # type: ignore[arg-type]
         return self.model.compute_logits(hidden.view(b, t, -1)[:, -1])
 
 
@@ -145,7 +149,9 @@ class ContiguousSdpaBaseline:
     def decoder(self, batch: int, max_len: int) -> ContiguousSdpaDecoder:
         return ContiguousSdpaDecoder(self.model, batch, max_len)
 
-    def decode_point(self, prompts: list[list[int]], steps: int, warmup_steps: int) -> dict:
+    def decode_point(
+        self, prompts: list[list[int]], steps: int, warmup_steps: int
+    ) -> dict[str, float]:
         """Prefill the prompts untimed, then time `steps` greedy decode steps over the batch."""
         device = self.model.device
         batch, length = len(prompts), len(prompts[0])

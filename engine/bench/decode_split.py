@@ -22,9 +22,22 @@ def heuristic_num_splits(
     return triton_decode.decode_num_splits(batch, num_kv_heads, max_context, sms)
 
 
-def decode_with_splits(*args: object, num_splits: int) -> torch.Tensor:
-    """`kernels.paged_decode_attention(*args, backend="triton")` with the context cut into
-    `num_splits` partitions (1: no split); `args` as that function takes them."""
+def decode_with_splits(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    *,
+    num_splits: int,
+) -> torch.Tensor:
+    """`kernels.paged_decode_attention(..., backend="triton")` with the context cut into
+    `num_splits` partitions (1: no split); the arguments as that function takes them."""
     from kvscope.kernels import triton_decode
 
-    return triton_decode.paged_decode_attention_triton(*args, num_splits=num_splits)
+    return triton_decode.paged_decode_attention_triton(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale, num_splits=num_splits
+    )

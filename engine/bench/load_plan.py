@@ -13,10 +13,12 @@ from kvscope.engine.sizing.planner import model_config, weights_header
 from kvscope.engine.sizing.weight_plan import RUNTIME_OVERHEAD, plan_weights, weights_quantized
 
 
-def planned_cpu_load(path: Path, quantization: str, kv_bytes: int) -> dict:
+def planned_cpu_load(path: Path, quantization: str, kv_bytes: int) -> dict[str, int]:
     """Runtime weight bytes, the build's extra peak, and the total a load with a KV pool of
     `kv_bytes` needs (weights + pool + the runtime's own overhead)."""
-    shapes, kinds = weights_header(path)
+    header = weights_header(path)
+    assert header is not None  # the bench's models are GGUF files: a header always
+    shapes, kinds = header
     config = EngineConfig(device="cpu", quantization=quantization)
     config.weights_quantized = weights_quantized(kinds, quantization)
     plan = plan_weights(

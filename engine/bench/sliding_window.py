@@ -14,6 +14,7 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +24,9 @@ from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.model.loader import load_model
 from kvscope.engine.sampling_params import SamplingParams
 from kvscope.engine.sizing.kv_pool import bytes_per_block, kv_layout
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 VOCAB = 512
 
@@ -38,11 +42,14 @@ def write_wordlevel_tokenizer(folder: Path) -> None:
     vocab = {f"t{i}": i for i in range(VOCAB)}
     tok = Tokenizer(WordLevel(vocab=vocab, unk_token="t0"))
     tok.pre_tokenizer = Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token="t1")
+    # transformers declares this constructor as (*args, **kwargs), unannotated
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, unk_token="t0", eos_token="t1"
+    )
     fast.save_pretrained(folder)
 
 
-def _save(model, folder: Path) -> Path:
+def _save(model: PreTrainedModel, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     write_wordlevel_tokenizer(folder)
@@ -65,7 +72,8 @@ def tiny_mistral(folder: Path, window: int, context: int, seed: int = 0) -> Path
         bos_token_id=0,
     )
     torch.manual_seed(seed)
-    return _save(transformers.MistralForCausalLM(config).eval(), folder)
+    # train(False) is eval(), which transformers leaves unannotated
+    return _save(transformers.MistralForCausalLM(config).train(False), folder)
 
 
 def tiny_gemma3(folder: Path, window: int, context: int, seed: int = 0) -> Path:
@@ -89,12 +97,12 @@ def tiny_gemma3(folder: Path, window: int, context: int, seed: int = 0) -> Path:
         pad_token_id=2,
     )
     torch.manual_seed(seed)
-    return _save(transformers.Gemma3ForCausalLM(config).eval(), folder)
+    return _save(transformers.Gemma3ForCausalLM(config).train(False), folder)
 
 
 def held_curve(
     folder: Path, release: bool, num_tokens: int, prompt_len: int, block_size: int
-) -> dict:
+) -> dict[str, Any]:
     """One greedy generation of num_tokens after a prompt_len prompt; per step the tokens in the
     sequence and the blocks (and bytes) the pool holds, in total and per KV group."""
     context = prompt_len + num_tokens
@@ -161,7 +169,7 @@ def run_sliding_bench(
     block_size: int = 8,
     prompt_len: int = 16,
     models: tuple[str, ...] = ("mistral", "gemma3"),
-) -> dict:
+) -> dict[str, Any]:
     """Both models, both modes; writes bench_sliding.json (no plot: the app draws it)."""
     out.mkdir(parents=True, exist_ok=True)
     context = prompt_len + num_tokens

@@ -21,7 +21,9 @@ BLOCK_SIZE = 16
 NUM_SEQUENCES = 64
 
 
-def measure_snapshot_cost(num_blocks: int = SNAPSHOT_BLOCKS, repeats: int = 21) -> dict:
+def measure_snapshot_cost(
+    num_blocks: int = SNAPSHOT_BLOCKS, repeats: int = 21
+) -> dict[str, int | float | bool]:
     """Fill a pool of `num_blocks` through the event stream, then time snapshots of it."""
     per_seq = num_blocks // NUM_SEQUENCES
     pool = PoolObservers(num_blocks, BLOCK_SIZE, "paged", per_seq * BLOCK_SIZE)

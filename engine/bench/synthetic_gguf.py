@@ -116,7 +116,7 @@ def add_shape_metadata(
     writer.add_layer_norm_rms_eps(rms_norm_eps)
 
 
-def _copy_metadata(writer: gguf.GGUFWriter, key: str, value) -> None:
+def _copy_metadata(writer: gguf.GGUFWriter, key: str, value: object) -> None:
     if isinstance(value, str):
         writer.add_string(key, value)
     elif isinstance(value, bool):
@@ -132,7 +132,14 @@ def _copy_metadata(writer: gguf.GGUFWriter, key: str, value) -> None:
         writer.add_key_value(key, value, array, sub_type=int32)
 
 
-def _add(writer, name: str, rng: np.random.Generator, qtype_name: str, rows: int, cols: int):
+def _add(
+    writer: gguf.GGUFWriter,
+    name: str,
+    rng: np.random.Generator,
+    qtype_name: str,
+    rows: int,
+    cols: int,
+) -> None:
     """One random [rows, cols] matrix in `qtype_name`, written as raw blocks."""
     qtype = gguf.GGMLQuantizationType[qtype_name]
     block, type_size = gguf.constants.GGML_QUANT_SIZES[qtype]

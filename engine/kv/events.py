@@ -288,7 +288,9 @@ def is_trace_line(record: object) -> bool:
     return isinstance(record, dict) and str(record.get("kind", "")).startswith(TRACE_KIND_PREFIX)
 
 
-def event_from_json(line: str | dict, kinds: dict[str, type[KVEvent]] = EVENT_TYPES) -> KVEvent:
+def event_from_json(
+    line: str | dict[str, Any], kinds: dict[str, type[KVEvent]] = EVENT_TYPES
+) -> KVEvent:
     """Parse one event line (or its decoded JSON) into one of `kinds`; ValueError says what is
     wrong with it."""
     record = load_json(line) if isinstance(line, str) else line
@@ -299,8 +301,9 @@ def event_from_json(line: str | dict, kinds: dict[str, type[KVEvent]] = EVENT_TY
     cls = kinds.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ValueError(f"unknown KV event kind {shown(kind)}")
-    types_ = _field_types(cls)
-    missing = types_.keys() - record.keys() - _defaulted(cls)
+    # A class is hashable; mypy reads its instances' __hash__ as the class's (python/mypy#11470)
+    types_ = _field_types(cls)  # type: ignore[arg-type]
+    missing = types_.keys() - record.keys() - _defaulted(cls)  # type: ignore[arg-type]
     extra = record.keys() - types_.keys()
     if missing:
         raise ValueError(f"{kind} event lacks fields {sorted(missing)}")
@@ -317,7 +320,7 @@ def event_from_json(line: str | dict, kinds: dict[str, type[KVEvent]] = EVENT_TY
 class EventRecorder:
     """Writes every event of a session to a JSON-lines file: a header line, then one per event."""
 
-    def __init__(self, path: str | Path, header: dict) -> None:
+    def __init__(self, path: str | Path, header: dict[str, Any]) -> None:
         self.path = Path(path)
         self._file = self.path.open("w", encoding="utf-8")
         self._file.write(json.dumps({"kvscope_events": FORMAT_VERSION, **header}) + "\n")
@@ -329,14 +332,16 @@ class EventRecorder:
         self._file.close()
 
 
-def read_events(path: str | Path) -> tuple[dict, Iterator[KVEvent]]:
+def read_events(path: str | Path) -> tuple[dict[str, Any], Iterator[KVEvent]]:
     """The header and the events of a file written by EventRecorder (events read and parsed
     lazily, a line at a time)."""
     header, numbered = read_numbered_events(path)
     return header, (event for _, event in numbered)
 
 
-def read_numbered_events(path: str | Path) -> tuple[dict, Iterator[tuple[int, KVEvent]]]:
+def read_numbered_events(
+    path: str | Path,
+) -> tuple[dict[str, Any], Iterator[tuple[int, KVEvent]]]:
     """`read_events`, each event with its line number (for messages that name the line)."""
     path = Path(path)
     if not path.is_file():

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from kvscope.engine.kv.events import EventLog, EventRecorder
 from kvscope.engine.kv.shadow import ContiguousShadow
 from kvscope.engine.kv.snapshot import KVSnapshot
 from kvscope.engine.kv.telemetry import PoolCounters, PoolTelemetry
+
+# Only a what-if simulation builds its pool without snapshots; it neither shows nor records one.
+_NO_SNAPSHOTS = "this pool was built without snapshots"
 
 
 class PoolObservers:
@@ -56,16 +60,20 @@ class PoolObservers:
         return self._counters
 
     def snapshot(self) -> KVSnapshot:
+        assert self.telemetry is not None, _NO_SNAPSHOTS
         return self.telemetry.snapshot()
 
     def shadow_snapshot(self) -> KVSnapshot | None:
         return self.shadow.snapshot() if self.shadow is not None else None
 
-    def start_recording(self, path: str | Path, model: str, extra_header: dict | None = None):
+    def start_recording(
+        self, path: str | Path, model: str, extra_header: dict[str, Any] | None = None
+    ) -> None:
         """Write every event from now on to a session file that `replay_events` reads back.
         The header carries what the pool holds already, so the replay starts where we are;
         `extra_header` adds entries of its own (the traffic trace's settings)."""
         self.stop_recording()
+        assert self.telemetry is not None, _NO_SNAPSHOTS
         header = {
             "num_blocks": self.num_blocks,
             "block_size": self.block_size,

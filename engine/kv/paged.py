@@ -265,6 +265,7 @@ class PagedAllocator(KVAllocator):
         needed = max(0, self.blocks_for_tokens(total_tokens) - len(tables[0]))
         copies = []
         for g in shared:
+            assert write_from is not None  # _shared_at finds none without a write position
             index = write_from // self.block_size
             src = tables[g][index]
             self.blocks[src].ref_count -= 1

@@ -109,5 +109,6 @@ class PrefixIndex:
 
     def drop(self, block: Block) -> None:
         """Forget the prefix an evicted block held."""
+        assert block.block_hash is not None  # only blocks with a hash are cached and evicted
         del self.maps[block.group][block.block_hash]
         block.block_hash = block.token_ids = block.parent_hash = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from kvscope.engine.kv.events import StepProgress, read_numbered_events
 from kvscope.engine.kv.replay_checks import EventCheck
@@ -38,14 +39,9 @@ def replay_events(
 ) -> Iterator[tuple[KVSnapshot, KVSnapshot | None]]:
     """Yield (pool, contiguous shadow or None) after every engine step in the file."""
     header, events = read_numbered_events(path)
-    num_blocks, block_size = header.get("num_blocks"), header.get("block_size")
     # A header is data: check it before sizing arrays by it (a crafted one asked for 931 GiB).
-    for key, value, high in (
-        ("num_blocks", num_blocks, MAX_REPLAY_BLOCKS),
-        ("block_size", block_size, 1024),
-    ):
-        if not _is_count(value) or not 1 <= value <= high:
-            raise ValueError(f"{path}: header {key} {shown(value)} is not in [1, {high:,}]")
+    num_blocks = _header_count(path, header, "num_blocks", MAX_REPLAY_BLOCKS)
+    block_size = _header_count(path, header, "block_size", 1024)
     _check_memory(path, num_blocks, with_shadow)
     allocator = header.get("allocator")
     if not isinstance(allocator, str) or allocator not in ALLOCATORS:
@@ -83,16 +79,13 @@ def replay_events(
     telemetry.has_hash[cached] = True
     telemetry.group[cached] = cached_groups
     telemetry.counters = _counters(path, header.get("counters", {}))
-    max_seq_len = header.get("max_seq_len")
     needs_shadow = with_shadow and allocator == "paged"
-    if (needs_shadow or max_seq_len is not None) and not (
-        _is_count(max_seq_len) and 1 <= max_seq_len <= MAX_SEQ_LEN
-    ):
-        raise ValueError(
-            f"{path}: header max_seq_len {shown(max_seq_len)} is not in [1, {MAX_SEQ_LEN:,}]"
-        )
+    max_seq_len = None
+    if needs_shadow or header.get("max_seq_len") is not None:
+        max_seq_len = _header_count(path, header, "max_seq_len", MAX_SEQ_LEN)
     shadow = None
     if needs_shadow:
+        assert max_seq_len is not None  # read above: a shadow needs it
         shadow = ContiguousShadow(num_blocks, block_size, max_seq_len, num_groups=len(windows))
     # A table spans max_seq_len tokens (one entry more for the token being written).
     max_table = -(-max_seq_len // block_size) + 1 if max_seq_len else num_blocks + 1
@@ -126,8 +119,16 @@ def _check_memory(path: str | Path, num_blocks: int, with_shadow: bool) -> None:
         )
 
 
-def _is_count(value: object) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT
+
+
+def _header_count(path: str | Path, header: dict[str, Any], key: str, high: int) -> int:
+    """The header's `key`, checked to be an int in [1, high]."""
+    value = header.get(key)
+    if not _is_count(value) or not 1 <= value <= high:
+        raise ValueError(f"{path}: header {key} {shown(value)} is not in [1, {high:,}]")
+    return value
 
 
 def _counters(path: str | Path, values: object) -> PoolCounters:

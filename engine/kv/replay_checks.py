@@ -187,7 +187,7 @@ class EventCheck:
 
     @staticmethod
     def _holds(
-        seq_id: int, group: int, table: list[int], start: int, blocks: tuple, verb: str
+        seq_id: int, group: int, table: list[int], start: int, blocks: tuple[int, ...], verb: str
     ) -> None:
         if table[start:] != list(blocks):
             raise ValueError(

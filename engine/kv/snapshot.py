@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +69,7 @@ class PoolMetrics:
     group_blocks_used: tuple[int, ...] = ()
     blocks_released: int = 0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -29,8 +29,8 @@ def parse_bytes(text: str | int) -> int:
             raise ValueError(f"byte count {text} is negative")
         return text
     match = _BYTES_RE.fullmatch(str(text))
-    unit = match and _BYTE_UNITS.get(match.group(2).lower())
-    if not unit:
+    unit = _BYTE_UNITS.get(match.group(2).lower()) if match else None
+    if match is None or not unit:
         raise ValueError(
             f"{text!r} is not a byte count: use an integer or a number with a unit "
             "(B, KB, MB, GB, TB, PB = powers of 1000; KiB, MiB, GiB, TiB, PiB = powers of 1024)"

@@ -13,8 +13,14 @@ import ctypes
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from types import ModuleType
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+# NVML's (PCI domain, bus, device) of a GPU, the key that matches it to torch's index
+PciAddress = tuple[int, int, int]
 
 __all__ = ["DeviceMemory", "GPUMemory", "process_rss", "read_device_memory", "system_memory"]
 
@@ -55,7 +61,7 @@ class DeviceMemory:
             return f"{len(self.gpus)} NVIDIA GPU{'s' if len(self.gpus) > 1 else ''}: {names}"
         return f"no NVIDIA GPU: {self.nvml_error}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"gpus": [asdict(g) for g in self.gpus]}
 
 
@@ -113,10 +119,10 @@ def _start_nvml() -> tuple[ModuleType | None, str | None, str | None]:
     return pynvml, None, driver
 
 
-def _read_gpu(nvml: ModuleType, index: int, torch_devices: dict[tuple, int]) -> GPUMemory:
+def _read_gpu(nvml: ModuleType, index: int, torch_devices: dict[PciAddress, int]) -> GPUMemory:
     errors: list[str] = []
 
-    def attempt(what: str, call, *args):
+    def attempt(what: str, call: Callable[..., _T], *args: object) -> _T | None:
         try:
             return call(*args)
         except nvml.NVMLError as e:
@@ -154,12 +160,12 @@ def _read_gpu(nvml: ModuleType, index: int, torch_devices: dict[tuple, int]) -> 
     )
 
 
-def _torch_cuda_devices() -> dict[tuple, int]:
+def _torch_cuda_devices() -> dict[PciAddress, int]:
     """(PCI domain, bus, device) -> torch index, for a torch that has already started CUDA."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return {}
-    devices = {}
+    devices: dict[PciAddress, int] = {}
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
         domain = getattr(props, "pci_domain_id", None)
@@ -241,6 +247,8 @@ class _MemoryStatusEx(ctypes.Structure):
 
 
 def _windows_working_set() -> int | None:
+    if sys.platform != "win32":  # callers check first; this tells mypy ctypes.WinDLL exists
+        return None
     kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
     kernel32.GetCurrentProcess.restype = ctypes.c_void_p
     get_info = kernel32.K32GetProcessMemoryInfo  # psapi's GetProcessMemoryInfo, in kernel32
@@ -258,6 +266,8 @@ def _windows_working_set() -> int | None:
 
 
 def _windows_memory_status() -> tuple[int | None, int | None]:
+    if sys.platform != "win32":  # callers check first; this tells mypy ctypes.WinDLL exists
+        return None, None
     kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
     status = _MemoryStatusEx()
     status.dwLength = ctypes.sizeof(status)

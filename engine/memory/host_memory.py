@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import sys
+from collections.abc import Iterator
 
 __all__ = ["give_back_freed"]
 
@@ -27,7 +28,7 @@ BUILD_THRESHOLD = 1 << 20
 STEADY_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 
 
-def _libc():
+def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -38,7 +39,7 @@ def _libc():
 
 
 @contextlib.contextmanager
-def lean_allocations():
+def lean_allocations() -> Iterator[None]:
     libc = _libc()
     if libc is None:
         yield

@@ -22,7 +22,9 @@ class AttentionMetadata:
     prefill_seq_lens: torch.Tensor | None  # [Bp] int32, prefix + new tokens
 
     @classmethod
-    def single_prefill(cls, num_tokens: int, block_size: int, device) -> AttentionMetadata:
+    def single_prefill(
+        cls, num_tokens: int, block_size: int, device: torch.device
+    ) -> AttentionMetadata:
         """One sequence of `num_tokens` new tokens in blocks 0, 1, ... of a scratch pool (the
         profile and calibration runs at engine build)."""
         num_blocks = -(-num_tokens // block_size)
@@ -57,8 +59,10 @@ def paged_attention(
     (backend "auto")."""
     kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
     nd = meta.num_decode_tokens
-    parts = []
+    parts: list[torch.Tensor] = []
     if nd:
+        # A part's (decode, prefill) tensors are None only when it has no tokens.
+        assert meta.decode_block_tables is not None and meta.decode_seq_lens is not None
         parts.append(
             kernels.paged_decode_attention(
                 q[:nd],
@@ -73,6 +77,9 @@ def paged_attention(
             )
         )
     if nd < q.shape[0]:
+        # Likewise for the prefill part.
+        assert meta.prefill_block_tables is not None
+        assert meta.prefill_query_start_loc is not None and meta.prefill_seq_lens is not None
         parts.append(
             kernels.paged_prefill_attention(
                 q[nd:],

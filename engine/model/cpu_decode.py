@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvscope.engine.model.attention import AttentionMetadata
@@ -47,6 +50,24 @@ if TYPE_CHECKING:
 
     from kvscope.engine.kv.kv_cache import KVCache
     from kvscope.engine.model.fusable import FusableLayer, FusableModel
+
+
+class _Kernel(Protocol):
+    """A numba dispatcher of kernels/cpu_decode.py's namespace: called, or compiled for the
+    types of given arguments (`_bound`)."""
+
+    def __call__(self, *args: object) -> object: ...
+
+    def typeof_pyval(self, value: object) -> object: ...
+
+    def compile(self, signature: tuple[object, ...]) -> Callable[..., object]: ...
+
+
+# A plan's call: a kernel and its arguments; once bound, the kernel compiled for them.
+_Call = tuple[_Kernel, tuple[object, ...]]
+_BoundCall = tuple[Callable[..., object], tuple[object, ...]]
+# Each layer's K and V pool as bfloat16 bits.
+_PoolViews = list[tuple[npt.NDArray[np.uint16], npt.NDArray[np.uint16]]]
 
 
 @dataclass(frozen=True)
@@ -89,6 +110,13 @@ def _vector(t: torch.Tensor | None) -> np.ndarray:
     return np.ascontiguousarray(t.float().numpy())
 
 
+def _decode_tensors(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step's block tables and lengths: set, as `accepts` took decode tokens only."""
+    tables, lens = meta.decode_block_tables, meta.decode_seq_lens
+    assert tables is not None and lens is not None
+    return tables, lens
+
+
 @dataclass(frozen=True)
 class _Layer:
     input_norm: np.ndarray
@@ -104,15 +132,18 @@ class _Layer:
 
     @classmethod
     def of(cls, layer: FusableLayer) -> _Layer | None:
-        projections = [_Projection.of(p) for p in layer.projections()]
-        if any(p is None for p in projections):
+        qkv, o, gate_up, down = [_Projection.of(p) for p in layer.projections()]
+        if qkv is None or o is None or gate_up is None or down is None:
             return None
         return cls(
             _vector(layer.input_norm),
             _vector(layer.post_norm),
             _vector(layer.q_norm),
             _vector(layer.k_norm),
-            *projections,
+            qkv,
+            o,
+            gate_up,
+            down,
             window=layer.sliding_window or 0,
             scale=float(layer.scale),
         )
@@ -121,7 +152,7 @@ class _Layer:
 class FusedCpuDecode:
     """A LlamaModel's decode steps through kernels/cpu_decode_jit.py (see the module doc)."""
 
-    def __init__(self, model: FusableModel, layers: list[_Layer], ns) -> None:
+    def __init__(self, model: FusableModel, layers: list[_Layer], ns: SimpleNamespace) -> None:
         cfg = model.cfg
         self.ns = ns
         self.layers = layers
@@ -136,10 +167,10 @@ class FusedCpuDecode:
         # float32 precision; a dense head wants the model's dtype.
         head = model.lm_head.weight
         self.out_dtype = torch.float32 if isinstance(head, CpuQuantLinear) else model.dtype
-        self._pool_views: tuple[int, list[tuple[np.ndarray, np.ndarray]]] | None = None
+        self._pool_views: tuple[int, _PoolViews] | None = None
         # Threads or one, by measurement (engine/model/parallel_choice.py says why).
         self.choice = ParallelChoice(torch.get_num_threads())
-        self._plans: dict[tuple, _Plan] = {}
+        self._plans: dict[tuple[int, bool, int], _Plan] = {}
 
     @classmethod
     def for_model(cls, model: FusableModel) -> FusedCpuDecode | None:
@@ -149,8 +180,9 @@ class FusedCpuDecode:
             return None
         if cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
             return None
-        layers = [_Layer.of(layer) for layer in model.layers]
-        if not layers or any(lay is None for lay in layers):
+        found = [_Layer.of(layer) for layer in model.layers]
+        layers = [lay for lay in found if lay is not None]
+        if not layers or len(layers) != len(found):
             return None
         ns = cpu_decode.load()
         if ns is None:
@@ -193,16 +225,16 @@ class FusedCpuDecode:
             )
         )
 
-    def _pools(self, kv_cache: KVCache) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _pools(self, kv_cache: KVCache) -> _PoolViews:
         """Each layer's K and V pool as bfloat16 bits, views made once per pool. A new pool
         drops the plans made for the old one: their views would keep its memory alive."""
         key = kv_cache.data.data_ptr()
         if self._pool_views is None or self._pool_views[0] != key:
             self._plans.clear()
-            views = []
+            views: _PoolViews = []
             for i in range(len(self.layers)):
-                k, v = kv_cache.layer(i)
-                views.append(tuple(t.view(torch.int16).numpy().view(np.uint16) for t in (k, v)))
+                k, v = (t.view(torch.int16).numpy().view(np.uint16) for t in kv_cache.layer(i))
+                views.append((k, v))
             self._pool_views = (key, views)
         return self._pool_views[1]
 
@@ -223,15 +255,18 @@ class FusedCpuDecode:
         started = time.perf_counter()
         if parallel:
             self.ns.numba.set_num_threads(min(threads, self.ns.numba.config.NUMBA_NUM_THREADS))
-        width = max(int(meta.decode_block_tables.shape[1]) for meta in metas)
+        width = max(int(_decode_tensors(meta)[0].shape[1]) for meta in metas)
         plan = self._plan(m, parallel, kv_cache, len(metas), width)
-        plan.h[:] = self.embed()(input_ids).float().numpy()
+        embed = self.embed()
+        assert embed is not None  # the model is alive: it is the one calling
+        plan.h[:] = embed(input_ids).float().numpy()
         for t, dest in zip(self.rope.cos_sin(positions), (plan.cos, plan.sin), strict=True):
             dest[:] = t.reshape(m, self.head_dim).numpy()
         for meta, (slots, tables, lens) in zip(metas, plan.groups, strict=True):
             slots[:] = meta.slot_mapping.numpy()
-            tables[:, : meta.decode_block_tables.shape[1]] = meta.decode_block_tables.numpy()
-            lens[:] = meta.decode_seq_lens.numpy()
+            decode_tables, decode_lens = _decode_tensors(meta)
+            tables[:, : decode_tables.shape[1]] = decode_tables.numpy()
+            lens[:] = decode_lens.numpy()
         for fn, args in plan.calls:
             fn(*args)
         self.choice.record(m, parallel, time.perf_counter() - started)
@@ -250,7 +285,13 @@ class FusedCpuDecode:
         return plan
 
     def _build_plan(
-        self, m: int, parallel: bool, pools: list, kv_cache: KVCache, groups: int, width: int
+        self,
+        m: int,
+        parallel: bool,
+        pools: _PoolViews,
+        kv_cache: KVCache,
+        groups: int,
+        width: int,
     ) -> _Plan:
         ns = self.ns
         project = ns.project_parallel if parallel else ns.project
@@ -264,7 +305,7 @@ class FusedCpuDecode:
             for _ in range(groups)
         ]
         x = buffers.x(self.hidden)
-        calls: list[tuple] = []
+        calls: list[_Call] = []
         delta = h[:0]
         for i, layer in enumerate(self.layers):
             r = buffers.rounded(layer.qkv)
@@ -319,12 +360,18 @@ class FusedCpuDecode:
         return _Plan(h, cos, sin, group_inputs, bound, out, width)
 
     def _project(
-        self, project, p: _Projection, x: np.ndarray, r: _Rounded, buffers: _Buffers, y
-    ) -> list[tuple]:
+        self,
+        project: Mapping[int, _Kernel],
+        p: _Projection,
+        x: np.ndarray,
+        r: _Rounded,
+        buffers: _Buffers,
+        y: np.ndarray,
+    ) -> list[_Call]:
         """The calls for y = x @ p from `r`, x rounded per p's first matrix's activation group;
         a matrix with another group (a Q6_K v's 16 beside a Q4_K q's 32) rounds x its own way
         first."""
-        calls = []
+        calls: list[_Call] = []
         for mat in p.matrices:
             w = mat.w
             if w.act_group != r.group:
@@ -335,7 +382,7 @@ class FusedCpuDecode:
         return calls
 
 
-def _bound(fn, args: tuple) -> tuple:
+def _bound(fn: _Kernel, args: tuple[object, ...]) -> _BoundCall:
     """(the compiled function for exactly these arguments' types, args): a plan passes the same
     arrays every step, so numba's dispatcher (typing ~10 arguments, then a lookup) need not run
     240 times a step; the types are resolved once here as the dispatcher would resolve them.
@@ -353,7 +400,7 @@ class _Plan:
     cos: np.ndarray
     sin: np.ndarray
     groups: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # slots, block tables, lengths
-    calls: list[tuple]
+    calls: list[_BoundCall]
     out: np.ndarray
     width: int  # block-table entries the tables arrays hold
 
@@ -392,7 +439,7 @@ class _Buffers:
             group,
         )
 
-    def _get(self, name: str, width: int, dtype) -> np.ndarray:
+    def _get(self, name: str, width: int, dtype: npt.DTypeLike) -> np.ndarray:
         key = (name, width)
         arr = self._arrays.get(key)
         if arr is None:

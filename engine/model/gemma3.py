@@ -21,10 +21,13 @@ and DecoderLayer.norm / vectors.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-from kvscope.engine.model.llama import DecoderLayer, LlamaModel
+from kvscope.engine.model.attention import AttentionMetadata
+from kvscope.engine.model.llama import DecoderLayer, LlamaModel, _Reader
 from kvscope.engine.model.model_config import ModelConfig
 from kvscope.engine.model.rope import RotaryEmbedding
 
@@ -43,12 +46,14 @@ def plus_one(weight: torch.Tensor) -> torch.Tensor:
 
 
 class Gemma3DecoderLayer(DecoderLayer):
-    def __init__(self, cfg: ModelConfig, read, prefix: str) -> None:
+    def __init__(self, cfg: ModelConfig, read: _Reader, prefix: str) -> None:
         super().__init__(cfg, read, prefix)
         self.pre_ffn_norm = read(f"{prefix}.pre_feedforward_layernorm.weight", "vector")
         self.post_ffn_norm = read(f"{prefix}.post_feedforward_layernorm.weight", "vector")
         self.input_norm = plus_one(self.input_norm)
         self.post_norm = plus_one(self.post_norm)
+        # Gemma 3 always norms q and k (its config fields set qk_norm).
+        assert self.q_norm is not None and self.k_norm is not None
         self.q_norm = plus_one(self.q_norm)
         self.k_norm = plus_one(self.k_norm)
         self.pre_ffn_norm = plus_one(self.pre_ffn_norm)
@@ -67,7 +72,7 @@ class Gemma3DecoderLayer(DecoderLayer):
         rope: tuple[torch.Tensor, torch.Tensor],
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        meta,
+        meta: AttentionMetadata,
         kv_scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
     ) -> torch.Tensor:
         x = self.norm(h, self.input_norm)
@@ -82,7 +87,7 @@ class Gemma3DecoderLayer(DecoderLayer):
 class Gemma3Model(LlamaModel):
     layer_class = Gemma3DecoderLayer
 
-    def __init__(self, cfg: ModelConfig, *args, **kwargs) -> None:
+    def __init__(self, cfg: ModelConfig, *args: Any, **kwargs: Any) -> None:
         """LlamaModel's arguments, passed through unchanged."""
         check_gemma3_config(cfg)
         super().__init__(cfg, *args, **kwargs)

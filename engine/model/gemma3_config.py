@@ -7,6 +7,7 @@ state it, and llama.cpp and transformers both assume 5 sliding layers then 1 ful
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kvscope.engine.model.model_config import FULL, SLIDING
@@ -19,14 +20,14 @@ DEFAULT_QUERY_PRE_ATTN_SCALAR = 256
 LAYERS_OF_27B = 62
 
 
-def pattern_layer_types(num_layers: int, pattern: int = SLIDING_WINDOW_PATTERN) -> tuple:
+def pattern_layer_types(num_layers: int, pattern: int = SLIDING_WINDOW_PATTERN) -> tuple[str, ...]:
     """transformers' rule: layer i slides unless (i + 1) is a multiple of `pattern`."""
     if pattern < 1:
         raise ValueError(f"sliding_window_pattern must be >= 1, got {pattern}")
     return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(num_layers))
 
 
-def hf_fields(hf: dict, source: str) -> dict[str, Any]:
+def hf_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
     """ModelConfig keyword arguments from a Gemma3ForCausalLM config.json."""
     for key in ("attn_logit_softcapping",):
         if hf.get(key) is not None:
@@ -58,7 +59,9 @@ def hf_fields(hf: dict, source: str) -> dict[str, Any]:
     }
 
 
-def _hf_rope(hf: dict) -> tuple[tuple[float, dict | None], tuple[float, dict | None]]:
+def _hf_rope(
+    hf: dict[str, Any],
+) -> tuple[tuple[float, dict[str, Any] | None], tuple[float, dict[str, Any] | None]]:
     """(theta, rope_scaling) of the full and of the sliding layers.
 
     transformers 5 writes rope_parameters per layer type; older configs rope_theta,
@@ -80,7 +83,7 @@ def _hf_rope(hf: dict) -> tuple[tuple[float, dict | None], tuple[float, dict | N
 
 
 def gguf_fields(
-    metadata: dict[str, Any], num_layers: int, hidden: int, heads: int, head_dim: int, path
+    metadata: dict[str, Any], num_layers: int, hidden: int, heads: int, head_dim: int, path: Path
 ) -> dict[str, Any]:
     """ModelConfig keyword arguments from a llama.cpp `gemma3` GGUF header."""
     window = metadata.get("gemma3.attention.sliding_window")

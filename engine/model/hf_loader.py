@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypedDict
 
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from kvscope.engine.memory.model_too_large import ModelTooLargeError
 from kvscope.engine.model import gemma3_config
@@ -63,16 +64,17 @@ def hf_config(path: Path) -> ModelConfig:
         raise ValueError(f"{path / 'config.json'} lacks the key {e}") from e
 
 
-def _read_json(file: Path) -> dict:
+def _read_json(file: Path) -> dict[str, Any]:
     if not file.is_file():
         raise ValueError(f"{file} is missing; an HF model folder needs it")
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
+        data: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+        return data
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{file} is not valid JSON: {e}") from e
 
 
-def _architecture(hf: dict, path: Path) -> str:
+def _architecture(hf: dict[str, Any], path: Path) -> str:
     name = (hf.get("architectures") or ["<none>"])[0]
     if name not in ARCHITECTURES:
         raise ValueError(
@@ -85,7 +87,9 @@ def _architecture(hf: dict, path: Path) -> str:
     return ARCHITECTURES[name]
 
 
-def _config(hf: dict, arch: str, eos_token_ids: tuple[int, ...], path: Path) -> ModelConfig:
+def _config(
+    hf: dict[str, Any], arch: str, eos_token_ids: tuple[int, ...], path: Path
+) -> ModelConfig:
     heads = hf["num_attention_heads"]
     source = str(path / "config.json")
     check_sizes(
@@ -127,7 +131,7 @@ def _config(hf: dict, arch: str, eos_token_ids: tuple[int, ...], path: Path) -> 
     return config
 
 
-def _rope(hf: dict) -> tuple[float, dict | None]:
+def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """rope_theta and HF-style rope_scaling, from transformers-5 `rope_parameters` or older keys."""
     params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     theta = float(params.pop("rope_theta", hf.get("rope_theta", 10000.0)))
@@ -135,7 +139,12 @@ def _rope(hf: dict) -> tuple[float, dict | None]:
     return theta, None if rope_type == "default" else {"rope_type": rope_type, **params}
 
 
-def _sliding(hf: dict, arch: str) -> dict:
+class _SlidingFields(TypedDict, total=False):
+    sliding_window: int
+    layer_types: tuple[str, ...]
+
+
+def _sliding(hf: dict[str, Any], arch: str) -> _SlidingFields:
     """sliding_window and layer_types for the Llama-family configs that slide: Mistral whenever
     a window is set (every layer); Qwen2 only with use_sliding_window, and then only the layers
     from max_window_layers on (HF's rule), unless config.json lists layer_types itself. The
@@ -158,7 +167,7 @@ def _ids(value: int | list[int] | None) -> list[int]:
     return [] if value is None else [value] if isinstance(value, int) else list(value)
 
 
-def _eos_ids(hf: dict, path: Path, tokenizer) -> tuple[int, ...]:
+def _eos_ids(hf: dict[str, Any], path: Path, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
     """config.json's eos, generation_config.json's (often a list), and the chat turn end."""
     generation = path / "generation_config.json"
     eos = _ids(hf.get("eos_token_id"))
@@ -190,10 +199,13 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
-def _tokenizer(path: Path):
+def _tokenizer(path: Path) -> PreTrainedTokenizerBase:
     try:
         # A folder's auto_map may name Python files of its own: refused, never a prompt.
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+            str(path), trust_remote_code=False
+        )
+        return tokenizer
     except MemoryError as e:  # not the files' fault: say so, not "cannot load the tokenizer"
         raise ModelTooLargeError(
             f"{path}: ran out of host memory while loading its tokenizer; close other programs "

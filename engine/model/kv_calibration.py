@@ -10,11 +10,16 @@ fixed for the engine's lifetime, so cached prefix blocks stay valid.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from kvscope.engine.kv.kv_cache import KVCache
 from kvscope.engine.model.attention import AttentionMetadata
 from kvscope.engine.model.llama import LlamaModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
 HEADROOM = 4.0
@@ -41,7 +46,7 @@ CALIBRATION_CHAT = [
 ]
 
 
-def calibration_token_ids(tokenizer) -> list[int]:
+def calibration_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The calibration chat as the engine would tokenize it (plain text without a template)."""
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
@@ -49,7 +54,8 @@ def calibration_token_ids(tokenizer) -> list[int]:
         )
     else:
         text = "\n\n".join(m["content"] for m in CALIBRATION_CHAT)
-    return tokenizer.encode(text, add_special_tokens=False)[:MAX_CALIBRATION_TOKENS]
+    ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
+    return ids[:MAX_CALIBRATION_TOKENS]
 
 
 @torch.inference_mode()

@@ -14,6 +14,8 @@ Where a weight goes (`place`), by what was measured (engine/quant/cpu_layout.py 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -118,12 +120,13 @@ def fused(
     """Matrices sharing an input as one matmul (q/k/v, gate/up): fewer, larger GEMMs are what a
     CPU, and a GPU at small batch, rewards. Falls back to SplitLinear when formats differ."""
     bias = None if biases is None else torch.cat(biases)
-    if all(isinstance(w, torch.Tensor) for w in weights):
-        return place(torch.cat(weights), device, dtype, bias)
+    dense = [w for w in weights if isinstance(w, torch.Tensor)]
+    if len(dense) == len(weights):
+        return place(torch.cat(dense), device, dtype, bias)
     quantized = [w for w in weights if isinstance(w, QuantizedTensor)]
     if len(quantized) == len(weights) and all(quantized[0].same_layout(w) for w in quantized):
         return place(cat_rows(quantized), device, dtype, bias)
-    per_bias = biases or [None] * len(weights)
+    per_bias: Sequence[torch.Tensor | None] = biases or [None] * len(weights)
     return SplitLinear([place(w, device, dtype, b) for w, b in zip(weights, per_bias, strict=True)])
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +24,7 @@ from kvscope.engine.model.cpu_decode import FusedCpuDecode
 from kvscope.engine.model.linear import Embedding, Linear, SplitLinear, fused, place
 from kvscope.engine.model.model_config import ModelConfig
 from kvscope.engine.model.rope import RotaryEmbedding, apply_rotary
-from kvscope.engine.model.weight_source import WeightSource
+from kvscope.engine.model.weight_source import Weight, WeightSource
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -41,7 +42,7 @@ def layer_index(prefix: str) -> int:
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, read, prefix: str) -> None:
+    def __init__(self, cfg: ModelConfig, read: _Reader, prefix: str) -> None:
         """`read(name, kind)` returns one tensor: kind "linear" placed for matmuls (or raw when
         fused), "vector" for norms and biases."""
         self.cfg = cfg
@@ -104,11 +105,11 @@ class DecoderLayer:
         cfg = self.cfg
         t = x.shape[0]
         qkv = self.qkv(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, cfg.num_heads, cfg.head_dim)
         k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither (qk_norm)
             q = self.norm(q, self.q_norm)
             k = self.norm(k, self.k_norm)
         q, k = apply_rotary(q, k, *rope)
@@ -145,12 +146,12 @@ class _Reader:
         self.dtype, self.device = dtype, device
         self.order = order
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-read")
-        self.pending: dict[str, Future] = {}
+        self.pending: dict[str, Future[Weight]] = {}
 
-    def _read(self, name: str):
+    def _read(self, name: str) -> Weight:
         return self.source.read(name, self.quantization, self.dtype)
 
-    def raw(self, name: str):
+    def raw(self, name: str) -> Weight:
         future = self.pending.pop(name, None)
         at = self.order.index(name) if name in self.order else -1
         if at >= 0 and at + 1 < len(self.order) and self.order[at + 1] not in self.pending:
@@ -164,13 +165,22 @@ class _Reader:
         self.pending.clear()
         self.pool.shutdown(wait=True)
 
-    def __call__(self, name: str, kind: str):
+    @overload
+    def __call__(self, name: str, kind: Literal["linear"]) -> Linear: ...
+
+    @overload
+    def __call__(self, name: str, kind: Literal["vector", "raw-vector"]) -> torch.Tensor: ...
+
+    def __call__(self, name: str, kind: str) -> Linear | torch.Tensor:
         if kind == "linear":
             return place(self.raw(name), self.device, self.dtype)
         w = self.source.read(name, "none", self.dtype)  # norms and biases stay dense
+        assert isinstance(w, torch.Tensor)  # quantization "none" reads every tensor dense
         return w if kind == "raw-vector" else w.to(self.device)
 
-    def fused(self, names: list[str], biases: list[torch.Tensor] | None = None):
+    def fused(
+        self, names: list[str], biases: list[torch.Tensor] | None = None
+    ) -> Linear | SplitLinear:
         return fused([self.raw(n) for n in names], self.device, self.dtype, biases)
 
 

@@ -7,11 +7,15 @@ Below the loaders (engine.model.gguf.loader, engine.model.hf_loader) and the dis
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvscope.engine.model.model_config import ModelConfig
-from kvscope.engine.model.weight_source import WeightSource, materialize
+from kvscope.engine.model.weight_source import Weight, WeightSource, materialize
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Chat templates end a turn with one of these; generation must stop there even when the file's
 # own eos token is a different one (e.g. <|end_of_text|> in Llama 3 files).
@@ -28,7 +32,7 @@ class LoadedModel:
 
     config: ModelConfig
     weights: WeightSource  # HF names: model.layers.N.self_attn.q_proj.weight, ...
-    tokenizer: object  # a transformers tokenizer with a chat template
+    tokenizer: PreTrainedTokenizerBase  # with a chat template
     source: str  # the file or folder it came from
     kind: str  # "gguf" | "hf"
 
@@ -41,7 +45,7 @@ class LoadedModel:
 
     def read_all(
         self, quantization: str = "none", dtype: torch.dtype = torch.float32
-    ) -> dict[str, torch.Tensor]:
+    ) -> dict[str, Weight]:
         """Every weight, read now (dequantized to `dtype` by default)."""
         return {n: self.weights.read(n, quantization, dtype) for n in self.weights.shapes()}
 

@@ -44,7 +44,7 @@ def default_model_path() -> Path:
 
 
 def load_model(
-    model: str | os.PathLike | None = None, progress: Callable[[str], None] | None = None
+    model: str | os.PathLike[str] | None = None, progress: Callable[[str], None] | None = None
 ) -> LoadedModel:
     """None -> bundled GGUF; a .gguf file; an HF folder (config.json); a folder with one .gguf.
 

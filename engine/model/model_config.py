@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["FULL", "LAYER_TYPES", "ModelConfig", "SLIDING"]
 
@@ -26,7 +27,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     # HF-style rope_scaling dict ({"rope_type": "llama3", "factor": ...}) or None.
-    rope_scaling: dict | None = None
+    rope_scaling: dict[str, Any] | None = None
     attention_bias: bool = False  # Qwen2: bias on q/k/v projections
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before RoPE
     bos_token_id: int | None = None

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 
-def _inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if rope_type == "default":
+    if scaling is None or rope_type == "default":
         return inv_freq
     if rope_type == "linear":
         return inv_freq / float(scaling["factor"])
@@ -36,7 +37,7 @@ class RotaryEmbedding:
         head_dim: int,
         max_position: int,
         theta: float,
-        scaling: dict | None,
+        scaling: dict[str, Any] | None,
         device: torch.device,
     ) -> None:
         # Computed per step for the positions in it, not tabled for every position the model

@@ -43,7 +43,8 @@ def write_shipped(gguf_path: Path, root: Path | None = None) -> Path:
 
 def _source_of(entry: Path) -> str:
     try:
-        return json.loads((entry / MANIFEST).read_text(encoding="utf-8")).get("source", "")
+        source: str = json.loads((entry / MANIFEST).read_text(encoding="utf-8")).get("source", "")
+        return source
     except (OSError, ValueError, AttributeError):
         return ""
 

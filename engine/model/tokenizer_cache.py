@@ -134,7 +134,10 @@ def _load(entry: Path) -> PreTrainedTokenizerBase:
     # The generic fast class, not the one tokenizer_config.json names: in transformers 5 a
     # family class (GemmaTokenizer) rebuilds its pipeline from its own defaults instead of
     # reading tokenizer.json's, so a GGUF converted with another pipeline came back different.
-    return PreTrainedTokenizerFast.from_pretrained(str(entry), trust_remote_code=False)
+    tokenizer: PreTrainedTokenizerFast = PreTrainedTokenizerFast.from_pretrained(
+        str(entry), trust_remote_code=False
+    )
+    return tokenizer
 
 
 def store_entry(tokenizer: PreTrainedTokenizerBase, entry: Path, source: str = "") -> None:

@@ -18,10 +18,12 @@ process's resident set after the tensor is converted.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from io import BufferedReader
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvscope.engine.quant.rtn import GROUP_SIZE, quantize_rtn
@@ -141,11 +143,11 @@ class SafetensorsSource:
         return finish(tensor, name, quantization, dtype)
 
 
-def read_exact(f, offset: int, count: int) -> np.ndarray:
+def read_exact(f: BufferedReader, offset: int, count: int) -> npt.NDArray[np.uint8]:
     """`count` bytes of an open binary file at `offset`, as a fresh writable uint8 array."""
     out = np.empty(count, dtype=np.uint8)
     f.seek(offset)
-    got = f.readinto(memoryview(out))
+    got = f.readinto(out.data)
     if got != count:
         raise ValueError(
             f"{f.name}: expected {count} bytes at {offset}, the file ended after {got}"

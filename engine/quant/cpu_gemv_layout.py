@@ -25,9 +25,9 @@ def gemv_layout(w: QuantizedTensor) -> cpu_gemv.QuantizedCodesT:
     else:
         codes = np.zeros((chunks, tiles, k // a, cpu_gemv.TILE * a), np.int8)
         top = int(w.codes.max())
-        centre = _symmetric_centre(w)
-        if centre is None:
-            centre = (top + 1) // 2  # codes become code - centre: |code| <= centre
+        symmetric = _symmetric_centre(w)
+        # codes become code - centre: |code| <= centre
+        centre = (top + 1) // 2 if symmetric is None else symmetric
     for c in range(chunks):
         rows = slice(c * width, min(n, (c + 1) * width))
         count = rows.stop - rows.start
@@ -67,7 +67,7 @@ def _tiles4(t: np.ndarray) -> np.ndarray:
     element 32b + 4j + 2h + e of column 16t + n in nibble h of byte 32j + 2n + e."""
     k, width = t.shape
     w = t.reshape(k // 32, 8, 2, 2, width // 16, 16)  # b, j, h, e, t, n
-    packed = w[:, :, 0] | (w[:, :, 1] << 4)  # b, j, e, t, n
+    packed: np.ndarray = w[:, :, 0] | (w[:, :, 1] << 4)  # b, j, e, t, n
     return packed.transpose(3, 0, 1, 4, 2).reshape(width // 16, k // 32, 256)
 
 

@@ -72,6 +72,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -114,7 +115,7 @@ def gemv_wanted() -> bool:
     return cpu_gemv.installed()
 
 
-def gemv_kernels():
+def gemv_kernels() -> SimpleNamespace | None:
     """numba's compiled kernels when installed, not switched off and compiling, else None."""
     return cpu_gemv.load() if gemv_wanted() else None
 
@@ -133,7 +134,7 @@ class Int4Pack:
         return self.packed.numel() + self.scale_zeros.numel() * 2
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+        y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x, self.packed, self.group_size, self.scale_zeros
         )
         return y[:, : self.n] if y.shape[1] != self.n else y
@@ -142,6 +143,7 @@ class Int4Pack:
         """W.T in bfloat16, [K, N_padded] (contiguous: the fast operand layout for x @ W.T)."""
         np_, half_k = self.packed.shape
         k, g, t = half_k * 2, self.group_size, kernel_tile_width()
+        assert t is not None  # an Int4Pack is only built where torch's layout is known
         v = self.packed.view(np_ // t, k, t // 2).permute(1, 0, 2)  # [K, tiles, T/2]
         q = torch.empty((k, np_ // t, 2, t // 2), dtype=torch.bfloat16)
         q[:, :, 0], q[:, :, 1] = v & 0x0F, v >> 4  # rows r and r + T/2 of each tile
@@ -155,6 +157,7 @@ def _pack_codes(q: torch.Tensor | np.ndarray, tile: int | None = None) -> torch.
     `tile` rows (default: the width this CPU's kernel reads)."""
     q = q.numpy() if isinstance(q, torch.Tensor) else q
     t = tile or kernel_tile_width()
+    assert t is not None  # codes are only packed where torch's layout is known
     np_, k = q.shape
     tiles = q.reshape(np_ // t, 2, t // 2, k)
     low, high = tiles[:, 0].transpose(0, 2, 1), tiles[:, 1].transpose(0, 2, 1)  # [tiles, K, T/2]
@@ -251,6 +254,7 @@ def gemv_matmul(w: cpu_gemv.QuantizedCodesT, x: torch.Tensor) -> torch.Tensor:
     (bundled model, one thread; kernel vs dequantize + GEMM: gate_up M = 32 1.5 vs 7.5 ms, 512
     20 vs 37 ms; the Q8_0 head 22 vs 201 ms at 32, 487 vs 682 ms at 512)."""
     ns = cpu_gemv.load()
+    assert ns is not None  # `w` is in numba's layout: built only once load() gave the kernels
     threads = torch.get_num_threads()
     if x.shape[0] >= BF16_GEMM_MIN_ROWS and bf16_gemm_fast():
         bits = cpu_gemv.dequantize_bf16(ns, w, threads)
@@ -289,6 +293,7 @@ def cpu_layout(w: QuantizedTensor) -> CpuQuantLinear:
         if count:
             q[:count] = codes_of(w, real)
             scale[:count], low[:count] = group_scales_of(w, real)
+        pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
         if w.bits == 4:
             pieces = [(q, scale, low)]
         else:

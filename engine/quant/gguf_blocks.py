@@ -7,6 +7,8 @@ ggml (and `gguf.quants`, which the tests hold these decoders against, value for 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -17,6 +19,10 @@ Q = GGMLQuantizationType
 QK_K = 256
 SUPPORTED_QUANT_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 DENSE_TYPES = (Q.F32, Q.F16, Q.BF16)
+# A QuantizedTensor's fields by name, in numpy: "bits", "group_size" and "super_group_size" are
+# ints, "codes", "d", "dmin" and "sub_scale" arrays, "sub_min" an array or None. A plain dict, not
+# a TypedDict: the GGUF loader gathers chunks of them key by key.
+Parts = dict[str, Any]
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -39,7 +45,8 @@ def _nibbles_32(qs: np.ndarray) -> np.ndarray:
 
 def _pack4(q: np.ndarray) -> np.ndarray:
     """[rows, K] codes 0..15 -> [rows, K / 2], element 2j low nibble, 2j + 1 high."""
-    return (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    packed: np.ndarray = q[:, 0::2] | (q[:, 1::2] << 4)
+    return packed.astype(np.uint8)
 
 
 def _bits(qh: np.ndarray, count: int) -> np.ndarray:
@@ -55,7 +62,7 @@ def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def decode_blocks(raw: np.ndarray, qtype: Q, k: int) -> dict:
+def decode_blocks(raw: np.ndarray, qtype: Q, k: int) -> Parts:
     """Raw rows of a quantized GGUF tensor -> the parts of a QuantizedTensor (numpy)."""
     rows = raw.shape[0]
     block, type_size = GGML_QUANT_SIZES[qtype]
@@ -70,11 +77,11 @@ def decode_blocks(raw: np.ndarray, qtype: Q, k: int) -> dict:
         start = 4 if has_min else 2
         if qtype in (Q.Q4_0, Q.Q4_1):
             q = _nibbles_32(b[..., start : start + 16])
-            dmin = m if has_min else -8 * d.astype(np.float32)
+            dmin = m if m is not None else -8 * d.astype(np.float32)
             return _one_level(4, q, d, dmin, rows, k)
         high = _bits(b[..., start : start + 4], 32)
         q = _nibbles_32(b[..., start + 4 : start + 20]) | (high << 4)
-        dmin = m if has_min else -16 * d.astype(np.float32)
+        dmin = m if m is not None else -16 * d.astype(np.float32)
         return _one_level(8, q, d, dmin, rows, k)
     if qtype in (Q.Q4_K, Q.Q5_K):
         d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
@@ -104,7 +111,9 @@ def decode_blocks(raw: np.ndarray, qtype: Q, k: int) -> dict:
     raise ValueError(f"GGUF type {qtype.name} has no packed format")
 
 
-def _one_level(bits: int, q, d, dmin, rows: int, k: int) -> dict:
+def _one_level(
+    bits: int, q: np.ndarray, d: np.ndarray, dmin: np.ndarray, rows: int, k: int
+) -> Parts:
     q = q.reshape(rows, k)
     return {
         "bits": bits,
@@ -116,9 +125,19 @@ def _one_level(bits: int, q, d, dmin, rows: int, k: int) -> dict:
     }
 
 
-def _two_level(bits: int, group: int, q, d, dmin, sc, mn, rows: int, k: int) -> dict:
+def _two_level(
+    bits: int,
+    group: int,
+    q: np.ndarray,
+    d: np.ndarray,
+    dmin: np.ndarray,
+    sc: np.ndarray,
+    mn: np.ndarray | None,
+    rows: int,
+    k: int,
+) -> Parts:
     q = q.reshape(rows, k)
-    parts = {
+    parts: Parts = {
         "bits": bits,
         "group_size": group,
         "super_group_size": QK_K,
@@ -133,7 +152,7 @@ def _two_level(bits: int, group: int, q, d, dmin, sc, mn, rows: int, k: int) -> 
     return parts
 
 
-def to_quantized_tensor(parts: dict, shape: tuple[int, int], kind: str) -> QuantizedTensor:
+def to_quantized_tensor(parts: Parts, shape: tuple[int, int], kind: str) -> QuantizedTensor:
     """Parts (numpy, or concatenated chunks of them) -> a CPU QuantizedTensor."""
     d = torch.from_numpy(np.ascontiguousarray(parts["d"]))
     dmin = torch.from_numpy(np.ascontiguousarray(parts["dmin"]))

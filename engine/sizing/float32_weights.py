@@ -14,6 +14,7 @@ either way), so the choice changes speed and memory, never the tokens."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +31,8 @@ class WeightChoice:
 
 def float32_choice(
     config: EngineConfig,
-    shapes: dict[str, tuple[int, ...]],
-    kinds: dict[str, str],
+    shapes: Mapping[str, tuple[int, ...]],
+    kinds: Mapping[str, str],
     tied: bool,
     kv_bytes: int,
     free_bytes: int | None,

@@ -7,6 +7,7 @@ The arithmetic is the planner's; this module only holds its figures and lays the
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from kvscope.engine.memory.byte_units import format_bytes
 
@@ -48,7 +49,7 @@ class KVPlan:
     sliding_layers: int = 0
     kv_groups: int = 1  # block tables per sequence (engine.kv.layout); a block holds one's layers
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def table(self) -> str:
@@ -104,6 +105,7 @@ class KVPlan:
             if self.load_peak_bytes:
                 load = "yes" if self.fits_to_load else "NO"
                 rows.append(("load peak", f"{format_bytes(self.load_peak_bytes)} (fits: {load})"))
+            assert self.kv_budget_bytes is not None  # plan_kv sets it whenever vram is given
             rows.append(("KV budget", format_bytes(self.kv_budget_bytes)))
             if self.budget_deficit_bytes:
                 rows.append(("weights overrun", format_bytes(self.budget_deficit_bytes)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 from kvscope.engine.kv.layout import KVLayout
 
@@ -27,6 +28,14 @@ from kvscope.engine.kv.layout import KVLayout
 from kvscope.engine.memory.byte_units import format_bytes, parse_bytes
 from kvscope.engine.model.model_config import ModelConfig
 from kvscope.engine.sizing.kv_plan import KVPlan
+
+if TYPE_CHECKING:  # torch and the loaders cost seconds to import; plans from flags need neither
+    import torch
+
+    from kvscope.engine.model.loaded_model import LoadedModel
+
+# What a plan is of: a config, a loaded model, a file or folder, or None / "default" (bundled).
+ModelSpec: TypeAlias = "ModelConfig | LoadedModel | str | os.PathLike[str] | None"
 
 __all__ = [
     "blocks_per_context",
@@ -74,14 +83,17 @@ def dtype_name(dtype: object) -> str:
     return name
 
 
-def model_config(model: ModelConfig | object | str | os.PathLike | None = None) -> ModelConfig:
+def model_config(model: ModelSpec = None) -> ModelConfig:
     """A ModelConfig without weights: from a ModelConfig or LoadedModel, a .gguf file, an HF
     folder or its config.json, a folder holding one .gguf, or None / "default" (bundled model).
     """
     if isinstance(model, ModelConfig):
         return model
-    if isinstance(getattr(model, "config", None), ModelConfig):  # a LoadedModel
-        return model.config
+    config = getattr(model, "config", None)
+    if isinstance(config, ModelConfig):  # a LoadedModel
+        return config
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"no model config in a {type(model).__name__}")  # Path(model) would raise
     # Imported here: the loaders bring in transformers, which plans from flags never need.
     from kvscope.engine.model.gguf.file import read_gguf
     from kvscope.engine.model.gguf.identity import is_gguf_file
@@ -89,7 +101,7 @@ def model_config(model: ModelConfig | object | str | os.PathLike | None = None) 
     from kvscope.engine.model.hf_loader import hf_config
     from kvscope.engine.model.loader import default_model_path
 
-    path = default_model_path() if model in (None, "default") else Path(model).expanduser()
+    path = default_model_path() if model is None or model == "default" else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {path}")
     if path.is_file() and path.suffix.lower() == ".json":
@@ -131,7 +143,7 @@ def kv_layout_of(mc: ModelConfig, block_size: int) -> KVLayout:
 
 
 def predict_num_blocks(
-    model: ModelConfig | object | str | os.PathLike | None,
+    model: ModelSpec,
     block_size: int,
     kv_dtype: object,
     kv_budget_bytes: int,
@@ -160,7 +172,7 @@ def sequence_kv_bytes(mc: ModelConfig, context: int, kv_dtype: object) -> int:
 
 
 def plan_kv(
-    model: ModelConfig | object | str | os.PathLike | None = None,
+    model: ModelSpec = None,
     *,
     context: int,
     dtype: object = "fp16",
@@ -184,8 +196,8 @@ def plan_kv(
     if any(v is not None for v in shape.values()):
         if model is not None:
             raise ValueError("give a model or num_layers/num_kv_heads/head_dim, not both")
-        missing = [name for name, v in shape.items() if v is None]
-        if missing:
+        if num_layers is None or num_kv_heads is None or head_dim is None:
+            missing = [name for name, v in shape.items() if v is None]
             raise ValueError(f"a plan without a model needs {', '.join(missing)} as well")
         mc, label = None, "flags"
     else:
@@ -293,19 +305,20 @@ def plan_kv(
     )
 
 
-def _torch_device(name: str):
+def _torch_device(name: str) -> torch.device:
     import torch
 
     return torch.device(name)
 
 
-def _torch_dtype(name: str):
+def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
-    return getattr(torch, name)
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
-def weights_header(model) -> tuple[dict, dict] | None:
+def weights_header(model: ModelSpec) -> tuple[dict[str, tuple[int, ...]], dict[str, str]] | None:
     """(shapes, kinds) of every weight tensor, from a GGUF header or safetensors headers; None
     for a ModelConfig or a lone config.json. Reads no tensor data."""
     if model is not None and not isinstance(model, (str, os.PathLike)):
@@ -316,7 +329,7 @@ def weights_header(model) -> tuple[dict, dict] | None:
     from kvscope.engine.model.gguf.loader import GGUFSource
     from kvscope.engine.model.loader import default_model_path
 
-    path = default_model_path() if model in (None, "default") else Path(model).expanduser()
+    path = default_model_path() if model is None or model == "default" else Path(model).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
         ggufs = sorted(path.glob("*.gguf"))
         path = ggufs[0] if len(ggufs) == 1 else path
@@ -329,8 +342,8 @@ def weights_header(model) -> tuple[dict, dict] | None:
         return None
     from kvscope.engine.model.weight_source import SafetensorsSource
 
-    source = SafetensorsSource(files)
-    return source.shapes(), source.kinds()
+    safetensors = SafetensorsSource(files)
+    return safetensors.shapes(), safetensors.kinds()
 
 
 def _check_positive(name: str, value: object) -> None:

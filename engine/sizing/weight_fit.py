@@ -8,6 +8,7 @@ dialog and the engine cannot disagree.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from kvscope.engine.config import DEFAULT_CPU_KV_MEMORY, EngineConfig
@@ -24,9 +25,8 @@ from kvscope.engine.sizing.weight_plan import (
 
 __all__ = ["count_parameters", "resolve_for_weights", "weight_fit", "WeightFit", "WeightsHeader"]
 
-WeightsHeader = tuple[
-    dict, dict
-]  # tensor shapes and stored kinds (engine.sizing.planner.weights_header)
+# Tensor shapes and stored kinds (engine.sizing.planner.weights_header), read-only.
+WeightsHeader = tuple[Mapping[str, tuple[int, ...]], Mapping[str, str]]
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ class WeightFit:
 
     @property
     def fits(self) -> bool:
-        return self.free_bytes is None or self.need_bytes <= self.usable_bytes
+        usable = self.usable_bytes
+        return usable is None or self.need_bytes <= usable
 
 
 def count_parameters(mc: ModelConfig) -> int:

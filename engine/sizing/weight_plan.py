@@ -11,6 +11,7 @@ conversion scratch. `kvscope bench --models` compares the sum with the measured 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -90,8 +91,8 @@ def tensor_bytes(
 
 
 def plan_weights(
-    shapes: dict[str, tuple[int, ...]],
-    kinds: dict[str, str],
+    shapes: Mapping[str, tuple[int, ...]],
+    kinds: Mapping[str, str],
     quantization: str,
     device: torch.device,
     dtype: torch.dtype,
@@ -138,7 +139,7 @@ def _runtime_kind(kind: str, quantization: str) -> str:
     return quantization if quantization in ("int8", "int4") else kind
 
 
-def weights_quantized(kinds: dict[str, str], quantization: str) -> bool:
+def weights_quantized(kinds: Mapping[str, str], quantization: str) -> bool:
     """Whether any matmul weight will be kept quantized."""
     if quantization in ("int8", "int4"):
         return True

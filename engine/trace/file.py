@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvscope.engine.kv.events import event_from_json, is_trace_line, read_numbered_events
+from kvscope.engine.kv.events import (
+    KVEvent,
+    event_from_json,
+    is_trace_line,
+    read_numbered_events,
+)
 from kvscope.engine.kv.session_json import load_json, numbered_lines, shown
 from kvscope.engine.trace.log import Trace
 from kvscope.engine.trace.records import (
@@ -62,8 +67,9 @@ def read_trace(path: str | Path) -> Trace:
         elif isinstance(record, TracedFinish):
             finishes[record.request_id] = record
         else:
+            assert isinstance(record, TracedStep)  # the third of TRACE_TYPES
             steps.append(record)
-    notes = ()
+    notes: tuple[str, ...] = ()
     cached = header.get("cached_blocks", [])
     if isinstance(cached, list) and cached:
         # Their prefixes are hashes here, not tokens: a replay cannot hit them as the run did.
@@ -76,7 +82,12 @@ def read_trace(path: str | Path) -> Trace:
     )
 
 
-def _check(record, requests: dict, finishes: dict, steps: list) -> int:
+def _check(
+    record: KVEvent,
+    requests: dict[str, TracedRequest],
+    finishes: dict[str, TracedFinish],
+    steps: list[TracedStep],
+) -> int:
     """Check one record against those before it; returns the token ids it adds."""
     if isinstance(record, TracedRequest):
         if record.request_id in requests:

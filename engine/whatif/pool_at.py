@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+from collections.abc import Callable
 
 from kvscope.engine.kv.events import KVEvent
 from kvscope.engine.kv.snapshot import KVSnapshot
@@ -29,7 +30,7 @@ class PoolSeeker:
         self.events = events
         # Index of the first event of each step: events of step s are [starts[s-1], starts[s]).
         self._steps = [e.step for e in events]
-        self._fresh = lambda: PoolTelemetry(
+        self._fresh: Callable[[], PoolTelemetry] = lambda: PoolTelemetry(
             config.num_blocks, config.block_size, config.allocator, config.layout().windows
         )
         self._telemetry = self._fresh()

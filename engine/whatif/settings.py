@@ -9,6 +9,7 @@ cache over a bfloat16 one holds twice the blocks, as the engine's planner would 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -50,7 +51,7 @@ class WhatIf:
         """From `name=value` text (the command line's --set); ValueError names the bad one."""
         known = {f.name: f for f in fields(cls)}
         aliases = {"kv_pool_bytes": "kv_pool", "prefix_cache": "prefix_caching"}
-        out = {}
+        out: dict[str, Any] = {}  # each value of its own knob's type (_parse)
         for raw_name, text in values.items():
             name = aliases.get(raw_name, raw_name)
             if name not in known:
@@ -182,7 +183,7 @@ def _check(config: SimConfig, recorded: TraceSettings) -> None:
         raise ValueError(f"rate_scale {config.rate_scale} is not in (0, {MAX_RATE_SCALE:g}]")
 
 
-def _parse(name: str, text: str):
+def _parse(name: str, text: str) -> int | str | bool | float:
     if name == "kv_pool":
         return parse_bytes(text)
     if name in ("kv_dtype", "allocator"):

@@ -9,10 +9,14 @@ run's makespan from the first arrival to the last step's end.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvscope.engine.trace import Trace, TracedFinish, TracedStep
+
+if TYPE_CHECKING:
+    from kvscope.engine.sequence import Request
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,7 @@ class RequestOutcome:
         return self.first_scheduled_step > self.arrival_step + 1
 
     @classmethod
-    def of(cls, request, arrival: float, arrival_step: int) -> RequestOutcome:
+    def of(cls, request: Request, arrival: float, arrival_step: int) -> RequestOutcome:
         m = request.metrics
         return cls(
             request.request_id,
@@ -62,7 +66,7 @@ class SimSummary:
     prefix_hit_tokens: int
     diverged_at: int | None  # the first step unlike the recording's; None: none was
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -16,6 +16,7 @@ import multiprocessing
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields
+from typing import Any
 
 from kvscope.engine.trace import Trace
 from kvscope.engine.whatif.cost_model import CostModel
@@ -36,7 +37,7 @@ class SweepPoint:
     error: str = ""
 
 
-def grid(values: dict[str, Iterable]) -> list[WhatIf]:
+def grid(values: dict[str, Iterable[Any]]) -> list[WhatIf]:
     """Every combination of the knobs' values, the first knob varying slowest."""
     for name in values:
         if name not in KNOBS:

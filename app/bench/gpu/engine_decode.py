@@ -104,7 +104,7 @@ def _grid(
     points = []
     for batch in batches:
         for length in lengths:
-            point = {"batch": batch, "prompt_tokens": length}
+            point: dict[str, object] = {"batch": batch, "prompt_tokens": length}
             try:
                 point |= run(random_prompts(batch, length, vocab, seed=batch * 7919 + length))
             except torch.cuda.OutOfMemoryError as e:

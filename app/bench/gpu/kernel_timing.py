@@ -51,7 +51,8 @@ def kernel_checks(
         kv_dtype = kv_dtype or dtype
         tables = torch.randperm(num_blocks, generator=g, device=device)[: len(lens) * per_seq]
         tables = tables.view(len(lens), per_seq).to(torch.int32)
-        scales = ()
+        # (k_scale, v_scale): None, as the kernels' defaults, for a 16-bit cache
+        scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         if kv_dtype == torch.float8_e4m3fn:
             scales = (torch.rand(hkv, generator=g, device=device) * 0.02 + 0.01,) * 2
         caches = {
@@ -83,9 +84,9 @@ def kernel_checks(
             diffs[f"decode_splits_{n}"] = float((ours - ref).abs().max())
         starts = torch.tensor([0, *itertools.accumulate(news)], dtype=torch.int32, device=device)
         q = torch.randn((sum(news), hq, d), generator=g, device=device, dtype=dtype)
-        args = (q, k_cache, v_cache, tables, starts, seq_lens, d**-0.5, *scales)
-        ref = kernels.paged_prefill_attention(*args, backend="torch").float()
-        ours = kernels.paged_prefill_attention(*args, backend="triton").float()
+        prefill_args = (q, k_cache, v_cache, tables, starts, seq_lens, d**-0.5, *scales)
+        ref = kernels.paged_prefill_attention(*prefill_args, backend="torch").float()
+        ours = kernels.paged_prefill_attention(*prefill_args, backend="triton").float()
         diffs["prefill"] = float((ours - ref).abs().max())
         tolerance = CHECK_TOLERANCE[dtype]
         checks.append(
@@ -129,7 +130,9 @@ def kernel_point(
     v_cache = torch.randn(shape, generator=g, device=device, dtype=dtype).to(kv_dtype)
     q = torch.randn((batch, hq, d), generator=g, device=device, dtype=dtype)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-    scales = (torch.ones(hkv, device=device), torch.ones(hkv, device=device)) if fp8 else ()
+    scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # the kernels' defaults
+    if fp8:
+        scales = (torch.ones(hkv, device=device), torch.ones(hkv, device=device))
     args = (q, k_cache, v_cache, tables, seq_lens, d**-0.5, *scales)
     splits = heuristic_num_splits(batch, hkv, per_seq * block_size, device)
 

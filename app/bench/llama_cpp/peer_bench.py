@@ -125,6 +125,7 @@ class KVScopeRunner:
         out = self.llm.generate([prompt], params)[0]
         end = time.perf_counter()
         m = out.metrics
+        assert m is not None and m.first_token_time is not None  # the engine's, finished
         prefill = m.first_token_time - m.arrival_time
         return RequestTiming(
             len(prompt), list(out.outputs[0].token_ids), prefill, end - start - prefill
@@ -167,7 +168,7 @@ def run_peer_bench(
     ours.run(prompts[0], 4)
     if theirs:
         theirs.run(prompts[0], 4)
-    runs = {"kvscope": [], peer: []}
+    runs: dict[str, list[PeerRun]] = {"kvscope": [], peer: []}
     for r in range(rounds):
         with meter.phase(f"kvscope_round{r}"):
             runs["kvscope"].append(_run_all(ours, "kvscope", prompts, max_tokens, threads, None))

@@ -202,18 +202,20 @@ def _run_row(
     prompt_tokens: int,
     bytes_per_token: int,
 ) -> dict:
+    path = choice.path
+    assert path is not None  # run_peer_models skips a choice without a GGUF before its rows
     max_model_len = prompt_tokens + decode_tokens + LEN_SLACK
-    ours = OurRunner(choice.path, threads, max_model_len)
+    ours = OurRunner(path, threads, max_model_len)
     try:
         prompt = workload_token_ids(ours.llm, prompt_tokens)
         short = prompt[: min(DECODE_PROMPT_TOKENS, prompt_tokens)]
         weights = ours.llm.stats()["weight_format"]
-        theirs = LlamaCppRunner(choice.path, threads, max_model_len) if version else None
+        theirs = LlamaCppRunner(path, threads, max_model_len) if version else None
         try:
             runners = {OURS: ours} | ({PEER: theirs} if theirs else {})
             for runner in runners.values():  # first-call allocations, thread pools: untimed
                 runner.run(short, 4)
-            kept = {name: [] for name in runners}
+            kept: dict[str, list[dict]] = {name: [] for name in runners}
             for r in range(rounds):
                 for name, runner in runners.items():
                     with meter.phase(f"{choice.name}_t{threads}_{name}_round{r}"):
@@ -226,10 +228,10 @@ def _run_row(
         gc.collect()
     row = {
         "model": choice.name,
-        "file": str(choice.path),
+        "file": str(path),
         "threads": threads,
         "weight_bytes_per_token": bytes_per_token,
-        "tied_head": head_is_tied(choice.path),
+        "tied_head": head_is_tied(path),
         OURS: {"weights": weights, "rounds": [r["figures"] for r in kept[OURS]]},
         PEER: {"version": version, "rounds": [r["figures"] for r in kept[PEER]]}
         if PEER in kept

@@ -168,7 +168,7 @@ def run_load(host, port, model, settings: ServeBenchSettings, api_key: str | Non
         "ttft_p99_s": _pct(ttfts, 99),
         "itl_p50_s": _pct(gaps, 50),
         "itl_p99_s": _pct(gaps, 99),
-        "prefix_hit_rate": hits / queries if queries else None,
+        "prefix_hit_rate": hits / queries if queries and hits is not None else None,
         "client_cached_prompt_share": (
             sum(r.cached_tokens for r in told) / sum(r.prompt_tokens for r in told)
             if told

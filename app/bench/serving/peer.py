@@ -28,6 +28,7 @@ import copy
 import http.client
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -116,7 +117,7 @@ class ServerTurns:
         self.commands = commands  # name -> callable(port) -> argv
         self.out = out
         self.name: str | None = None
-        self.proc = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.model = ""
         self.starts: dict[str, int] = {}

@@ -19,6 +19,7 @@ import json
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,6 +220,7 @@ class Soak:
         # Idle after the load, then once more after the probe (a request the server must still
         # serve whole): what the end reports is read from that last idle state.
         probe = None
+        idle: Mapping[str, float | str]
         try:
             _wait_idle(self.port)
             probe = polite_request("127.0.0.1", self.port, model, 1, s.max_tokens)

@@ -14,6 +14,7 @@ All on 127.0.0.1, each bounded in bytes and seconds."""
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import socket
@@ -139,11 +140,8 @@ def hostile_actions(host: str, port: int, model: str) -> list[Callable[[], Hosti
         lambda: impatient_whole_request(host, port, model),
     ]
     for name, path, body, statuses in refused_requests(model):
-        actions.append(
-            lambda name=name, path=path, body=body, statuses=statuses: _expect(
-                name, statuses, lambda: _post(host, port, path, body)
-            )
-        )
+        send = functools.partial(_post, host, port, path, body)
+        actions.append(functools.partial(_expect, name, statuses, send))
     return actions
 
 

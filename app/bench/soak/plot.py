@@ -12,7 +12,8 @@ from matplotlib.figure import Figure
 
 def _series(samples: list[dict], *keys: str) -> list:
     out = []
-    for x in samples:
+    for sample in samples:
+        x: object = sample
         for key in keys:
             x = x.get(key) if isinstance(x, dict) else None
         out.append(float("nan") if x is None else x)

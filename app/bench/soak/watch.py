@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvscope.app.bench.soak.hostile_peer import HostilePeer
 from kvscope.app.remote.connection import Connection
-from kvscope.app.remote.monitor import ReplicaMonitor
+from kvscope.app.remote.monitor import ReplicaMonitor, ReplicaSnapshot
 
 SNAPSHOT_EVERY_S = 0.25  # the remote view's timer
 
@@ -47,7 +47,7 @@ class PeerWatch:
         self.worst_ms_overall = 0.0
         self.snapshots = 0
         self.failures: list[str] = []  # snapshots that raised (must stay empty)
-        self.last = None
+        self.last: ReplicaSnapshot | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-snapshots", daemon=True)
 

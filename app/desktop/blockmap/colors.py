@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 import numpy as np
+import numpy.typing as npt
 
 # Kelly's colours of maximum contrast (greys dropped, dark ones lifted to read on a dark map),
 # in Kelly's order: neighbours in the list differ most, and numbered groups walk the list.
@@ -60,7 +61,7 @@ def hex_to_rgba(color: str, alpha: int = 255) -> tuple[int, int, int, int]:
     return int(c[0:2], 16), int(c[2:4], 16), int(c[4:6], 16), alpha
 
 
-def _contiguous(values: object, dtype: object) -> np.ndarray:
+def _contiguous(values: npt.ArrayLike, dtype: npt.DTypeLike) -> np.ndarray:
     arr = np.asarray(values, dtype=dtype)  # (np.ascontiguousarray would make 0-d arrays 1-d)
     return arr if arr.flags.c_contiguous else arr.copy()
 
@@ -70,7 +71,7 @@ def pack(rgba: np.ndarray | tuple[int, int, int, int]) -> np.ndarray:
     return _contiguous(rgba, np.uint8).view("<u4")[..., 0]
 
 
-def unpack(packed: np.ndarray) -> np.ndarray:
+def unpack(packed: np.ndarray | np.uint32) -> np.ndarray:
     """uint32 (...) -> RGBA uint8 (..., 4)."""
     return _contiguous(packed, "<u4")[..., None].view(np.uint8)
 
@@ -79,8 +80,8 @@ def mix(a: np.ndarray, b: np.ndarray, t: float | np.ndarray) -> np.ndarray:
     """Per-channel a*(1-t) + b*t of packed colours; t scalar or one value per colour."""
     fa = unpack(a).astype(np.float32)
     fb = unpack(b).astype(np.float32)
-    t = np.asarray(t, dtype=np.float32)[..., None] if np.ndim(t) else np.float32(t)
-    out = fa + (fb - fa) * t
+    weight = np.asarray(t, dtype=np.float32)[..., None] if np.ndim(t) else np.float32(t)
+    out = fa + (fb - fa) * weight
     return pack(np.rint(out).astype(np.uint8))
 
 

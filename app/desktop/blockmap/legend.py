@@ -9,9 +9,10 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
-from PySide6.QtCore import QModelIndex, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QIcon, QImage, QPixmap, QResizeEvent
 from PySide6.QtWidgets import (
+    QAbstractItemView,
     QGridLayout,
     QHBoxLayout,
     QLabel,
@@ -58,9 +59,15 @@ CHIP_ROWS = 2  # rows of chips shown; more scroll, so the maps above keep their 
 class _CappedChipDelegate(QStyledItemDelegate):
     """Caps a chip's width so a long chat title elides (the tooltip has it whole)."""
 
-    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
+    def __init__(self, view: QAbstractItemView) -> None:
+        super().__init__(view)
+        self._view = view  # its parent, whose width caps the chips'
+
+    def sizeHint(
+        self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> QSize:
         size = super().sizeHint(option, index)
-        view_width = self.parent().viewport().width() - 8  # the chip's margins
+        view_width = self._view.viewport().width() - 8  # the chip's margins
         return QSize(max(40, min(size.width(), CHIP_MAX_PX, view_width)), size.height())
 
 
@@ -80,7 +87,9 @@ class GroupLegend(QListWidget):
         self.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         self.setItemDelegate(_CappedChipDelegate(self))
-        self.itemClicked.connect(lambda item: self.group_clicked.emit(item.data(Qt.UserRole)))
+        self.itemClicked.connect(
+            lambda item: self.group_clicked.emit(item.data(Qt.ItemDataRole.UserRole))
+        )
         self._shown: list[tuple[str, str]] = []
         self._rows = 1
         self._fit_rows()
@@ -90,7 +99,7 @@ class GroupLegend(QListWidget):
         self.setStyleSheet(list_style(palette))
         for i in range(self.count()):  # each group's colour is the theme's
             item = self.item(i)
-            item.setIcon(_swatch(colors.group_hex(item.data(Qt.UserRole))))
+            item.setIcon(_swatch(colors.group_hex(item.data(Qt.ItemDataRole.UserRole))))
 
     def set_groups(self, entries: list[tuple[str, str]], selected: str | None) -> None:
         """entries: (group key, text) in display order; only changed chips are touched."""
@@ -98,7 +107,7 @@ class GroupLegend(QListWidget):
             self.clear()
             for group, text in entries:
                 item = QListWidgetItem(_swatch(colors.group_hex(group)), text)
-                item.setData(Qt.UserRole, group)
+                item.setData(Qt.ItemDataRole.UserRole, group)
                 item.setToolTip(_chip_tip(group, text))
                 self.addItem(item)
         else:
@@ -110,7 +119,7 @@ class GroupLegend(QListWidget):
         self._fit_rows()
         self.blockSignals(True)
         for i in range(self.count()):
-            self.item(i).setSelected(self.item(i).data(Qt.UserRole) == selected)
+            self.item(i).setSelected(self.item(i).data(Qt.ItemDataRole.UserRole) == selected)
         self.blockSignals(False)
 
     def groups(self) -> list[tuple[str, str]]:
@@ -174,7 +183,7 @@ def key_snapshot() -> KVSnapshot:
     ref = np.array([0, 0, 1, 1, 3, 0], dtype=np.int32)
     filled = np.array([0, bs, bs, 6, bs, 0], dtype=np.int32)
     seq = SequenceInfo(1, f"{_KEY_GROUP}/0", 0, "running", 32, 38, 38, 0, (2, 3, 4), (5,))
-    metrics = PoolMetrics(*([0] * 19))
+    metrics = PoolMetrics(*((0,) * 19))
     return KVSnapshot(
         0,
         0.0,

@@ -85,15 +85,19 @@ def versus(paged: str, naive: str | None) -> str:
 
 class _Tile(QFrame):
     def __init__(self, caption: str, tip: str) -> None:
-        super().__init__(objectName="tile")
+        super().__init__()
+        self.setObjectName("tile")
         self.setToolTip(tip)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 5, 10, 6)
         layout.setSpacing(1)
-        self.caption = QLabel(caption, objectName="caption")
-        self.value = QLabel("–", objectName="value")
+        self.caption = QLabel(caption)
+        self.caption.setObjectName("caption")
+        self.value = QLabel("–")
+        self.value.setObjectName("value")
         self.value.setTextFormat(Qt.TextFormat.RichText)
-        self.detail = QLabel("", objectName="detail")
+        self.detail = QLabel("")
+        self.detail.setObjectName("detail")
         for w in (self.caption, self.value, self.detail):
             # Long texts are clipped rather than widening the tile: the map column is narrow.
             w.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -129,14 +133,18 @@ class MetricsStrip(QWidget):
         sm = shadow.metrics if shadow is not None else None
         t = self.tiles
         name = allocator_name(paged)
-        t["held"].value.setText(versus(_pct(held_share(pm)), sm and _pct(held_share(sm))))
+        t["held"].value.setText(
+            versus(_pct(held_share(pm)), _pct(held_share(sm)) if sm is not None else None)
+        )
         # Reserved blocks are held too: the status bar's count (llm.stats()) includes them.
         held = pm.blocks_used + pm.blocks_reserved
         detail = f"{held:,} of {pm.blocks_total:,} blocks ({name})"
         if pm.blocks_reserved:
             detail += f", {pm.blocks_reserved:,} reserved empty"
         t["held"].detail.setText(detail)
-        t["useful"].value.setText(versus(_pct(useful_share(pm)), sm and _pct(useful_share(sm))))
+        t["useful"].value.setText(
+            versus(_pct(useful_share(pm)), _pct(useful_share(sm)) if sm is not None else None)
+        )
         waste = f"{name} wastes {pm.internal_waste_slots:,} slots"
         if sm is not None:
             waste += f", naive {sm.internal_waste_slots:,}"

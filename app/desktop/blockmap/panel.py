@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
@@ -63,6 +64,9 @@ PANEL_STYLE = panel_style(DARK)
 CAPTION_STYLE = caption_style(DARK)
 BANNER_STYLE = banner_style(DARK)
 INFO_RETRY_S = 0.5  # re-ask for a hovered block's tokens at most this often while it changes
+# What a click selects: a request group (a legend chip) or one sequence, as (request id, its
+# sample index).
+Selection = tuple[Literal["group"], str] | tuple[Literal["seq"], tuple[str, int]]
 
 
 class _MapFrame(QWidget):
@@ -94,7 +98,7 @@ class BlockMapPanel(QWidget):
         self.stats: dict = {}
         self.labels: dict[str, str] = {}
         self.counter = TrafficCounter()
-        self._selection: tuple[str, str | tuple[str, int]] | None = None
+        self._selection: Selection | None = None
         self._info_provider: Callable[[int], None] | None = None
         self._hover: tuple[BlockMapView, int] | None = None
         self._info: tuple[int, dict] | None = None  # latest provider answer (block, info)
@@ -108,7 +112,8 @@ class BlockMapPanel(QWidget):
             "Naive contiguous allocator: no shadow snapshot yet",
             ("same traffic", "held", "useful slots", "reserved", "holes"),
         )
-        self.banner = QLabel(objectName="naiveWarning", wordWrap=True)
+        self.banner = QLabel(wordWrap=True)
+        self.banner.setObjectName("naiveWarning")
         self.banner.setVisible(False)
         self.paged_map = self.paged_frame.map
         self.shadow_map = self.shadow_frame.map
@@ -188,13 +193,13 @@ class BlockMapPanel(QWidget):
             now,
             {
                 "paged_held": 100 * held_share(pm),
-                "naive_held": sm and 100 * held_share(sm),
+                "naive_held": 100 * held_share(sm) if sm is not None else None,
                 "paged_useful": 100 * useful_share(pm),
-                "naive_useful": sm and 100 * useful_share(sm),
+                "naive_useful": 100 * useful_share(sm) if sm is not None else None,
                 "running": self.stats.get("num_running", pm.num_running),
                 "waiting": self.stats.get("num_waiting", pm.num_waiting),
                 "preempted": pm.num_preempted,
-                "naive_waiting": sm and sm.num_waiting,
+                "naive_waiting": sm.num_waiting if sm is not None else None,
                 "tokens_per_s": self.counter.tokens_per_s,
                 "prefix_hit": 100 * self.counter.recent_prefix_hit_rate,
                 "mem_used": memory.used_gib,
@@ -247,7 +252,7 @@ class BlockMapPanel(QWidget):
             return set()
         return {s.seq_id for s in snapshot.sequences if self._matches(s)}
 
-    def _select(self, selection: tuple | None) -> None:
+    def _select(self, selection: Selection | None) -> None:
         self._selection = selection
         self.paged_map.set_selected(self.selected_seq_ids(self.paged))
         self.shadow_map.set_selected(self.selected_seq_ids(self.shadow))
@@ -293,9 +298,13 @@ class BlockMapPanel(QWidget):
         text = paged_caption(self.paged)
         if self.shadow is None:
             text += f" · <span style='color:{current().faint}'>naive allocator view off</span>"
-        if self._selection is not None:
-            kind, value = self._selection
-            name = value if kind == "group" else value[0] + (f" #{value[1]}" if value[1] else "")
+        selection = self._selection
+        if selection is not None:
+            if selection[0] == "group":
+                name = selection[1]
+            else:
+                request_id, index = selection[1]
+                name = request_id + (f" #{index}" if index else "")
             text += selection_caption(self.paged, self.selected_seq_ids(self.paged), name)
         self.paged_frame.caption.setText(text)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pyqtgraph as pg
@@ -20,11 +21,13 @@ CAPACITY = 4096  # samples kept (about 6 minutes at 10 Hz); trimmed by time when
 DASH = Qt.PenStyle.DashLine
 PAGED, NAIVE, GREEN, RED, GREY = "paged", "naive", "good", "bad", "neutral"  # colour roles
 
-# (title, y unit, fixed y range or the least top of a range from 0, [(series key, legend name,
-# colour role (colors.MapColors: its <role>_hex in the theme on show), pen style)]). Free ranges
+# (series key, legend name, colour role (colors.MapColors: its <role>_hex in the theme on show),
+# pen style (None: solid))
+Series = tuple[str, str, str, Qt.PenStyle | None]
+# (title, y unit, fixed y range or the least top of a range from 0, its series). Free ranges
 # start at 0 too: autoscaling to the data's own span made a 0.0001 GiB wobble in memory look
 # like a jump.
-PLOTS = (
+PLOTS: tuple[tuple[str, str, tuple[float, float] | float, list[Series]], ...] = (
     (
         "KV held",
         "%",
@@ -72,7 +75,7 @@ def role_hex(role: str) -> str:
     return getattr(colors.active(), f"{role}_hex")
 
 
-def _title(title: str, unit: str, series: list, palette: Palette) -> str:
+def _title(title: str, unit: str, series: list[Series], palette: Palette) -> str:
     # Sizes inside the spans: LabelItem's own size attribute does not reach styled spans.
     names = " ".join(
         f"<span style='color:{role_hex(role)}; font-size:7pt'>■ {name}</span>"
@@ -125,7 +128,7 @@ class TimePlots(pg.GraphicsLayoutWidget):
                 pen = pg.mkPen(role_hex(role), width=1.6, style=style or Qt.PenStyle.SolidLine)
                 self.curves[key].setPen(pen)
 
-    def add_sample(self, t: float, values: dict[str, float]) -> None:
+    def add_sample(self, t: float, values: Mapping[str, float | None]) -> None:
         """Append one sample (missing or None values are gaps) and redraw."""
         if self._n == CAPACITY:
             keep = CAPACITY // 2

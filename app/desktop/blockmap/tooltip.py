@@ -12,7 +12,8 @@ from kvscope.app.desktop.palette import current
 from kvscope.engine.kv.snapshot import BlockState, KVSnapshot
 
 MAX_TEXT_CHARS = 240
-STATE_NAMES = {
+# Looked up by the plain int a snapshot's state array holds (a BlockState hashes as its value).
+STATE_NAMES: dict[int, str] = {
     BlockState.FREE: "free",
     BlockState.USED: "in use",
     BlockState.CACHED: "cached (free, holds a reusable prefix)",
@@ -102,9 +103,9 @@ def describe_block(
         lines.append(f"ref count: {ref}")
     if state == BlockState.USED:
         lines.append(f"filled: {int(snapshot.filled[block])} / {bs} slots")
-    group = int(snapshot.group[block]) if snapshot.group is not None else -1
-    if group >= 0 and has_windows(snapshot):
-        lines.append(f"layers: {escape(group_name(snapshot, group))}")
+    kv_group = int(snapshot.group[block]) if snapshot.group is not None else -1
+    if kv_group >= 0 and has_windows(snapshot):
+        lines.append(f"layers: {escape(group_name(snapshot, kv_group))}")
     if snapshot.has_hash[block]:
         reuse = "reusable by a later request" if state == BlockState.CACHED else "full block"
         lines.append(f"hashed prefix block ({reuse})")

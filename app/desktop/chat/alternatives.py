@@ -44,7 +44,7 @@ def merged(entries: list[dict], selected: int) -> dict:
         return {}
     chosen = {k: v for k, v in entries[selected].items() if k != "status"}
     for key in PER_SAMPLE:
-        values = [e.get(key)[0] if e.get(key) else None for e in entries]
+        values = [listed[0] if (listed := e.get(key)) else None for e in entries]
         chosen[key] = values if any(v is not None for v in values) else []
     return chosen
 

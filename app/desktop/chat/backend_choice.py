@@ -97,6 +97,7 @@ class BackendChoice(QObject):
             self._chat.show_notice(message)
 
     def _remote_models_changed(self) -> None:
+        assert self.remote_models is not None  # connected only once there are RemoteModels
         self._chat.backend_picker.set_entries(self.remote_models.entries())
         self.refresh_notice()
         self.changed.emit()

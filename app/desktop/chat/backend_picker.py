@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.desktop.chat.store import RemoteTarget
+from kvscope.app.remote.remote_models_qt import ConnectionModels
 
 THIS_ENGINE = "This engine"
 MAX_WIDTH = 230  # the chat column is ~300 px at 1024 wide: leave room for the context meter
@@ -31,19 +32,20 @@ class BackendPicker(QComboBox):
     opening = Signal()  # the list is about to drop down (a chance to list models again)
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent, objectName="backendPicker")
-        self.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        super().__init__(parent)
+        self.setObjectName("backendPicker")
+        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.setMinimumContentsLength(10)
         self.setMaximumWidth(MAX_WIDTH)
         # Takes the row's free width up to MAX_WIDTH: "label · model" names are long.
-        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setToolTip("Which model this chat runs on: this engine, or a connected server's")
-        self._entries: list = []
+        self._entries: list[ConnectionModels] = []
         self._current: RemoteTarget | None = None
         self.activated.connect(self._activated)
         self._rebuild()
 
-    def set_entries(self, entries: list) -> None:
+    def set_entries(self, entries: list[ConnectionModels]) -> None:
         """RemoteModels.entries(): each connection's state and models."""
         self._entries = list(entries)
         self._rebuild()
@@ -73,27 +75,29 @@ class BackendPicker(QComboBox):
         option = QStyleOptionComboBox()
         self.initStyleOption(option)
         field = self.style().subControlRect(
-            QStyle.CC_ComboBox, option, QStyle.SC_ComboBoxEditField, self
+            QStyle.ComplexControl.CC_ComboBox, option, QStyle.SubControl.SC_ComboBoxEditField, self
         )
         option.currentText = self.fontMetrics().elidedText(
-            option.currentText, Qt.ElideMiddle, field.width()
+            option.currentText, Qt.TextElideMode.ElideMiddle, field.width()
         )
-        painter.drawComplexControl(QStyle.CC_ComboBox, option)
-        painter.drawControl(QStyle.CE_ComboBoxLabel, option)
+        painter.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, option)
+        painter.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, option)
 
     # ---- internals -----------------------------------------------------------------------
     def _rebuild(self) -> None:
         self.blockSignals(True)
         self.clear()
         self.addItem(THIS_ENGINE, None)
-        self.setItemData(0, "The model loaded in this window", Qt.ToolTipRole)
+        self.setItemData(0, "The model loaded in this window", Qt.ItemDataRole.ToolTipRole)
         for entry in self._entries:
             if entry.state == "ok" and entry.models:
                 for model in entry.models:
                     target = RemoteTarget(entry.label, model)
                     self.addItem(target.label, target)
                     self.setItemData(
-                        self.count() - 1, f"{model} on {entry.connection.url}", Qt.ToolTipRole
+                        self.count() - 1,
+                        f"{model} on {entry.connection.url}",
+                        Qt.ItemDataRole.ToolTipRole,
                     )
                 continue
             text = {
@@ -101,24 +105,25 @@ class BackendPicker(QComboBox):
                 "ok": f"{entry.label} · serves no models",
             }.get(entry.state, f"{entry.label} · unreachable")
             self._add_disabled(text, entry.error or text)
-        index = self._index_of(self._current)
-        if index < 0:  # the chat's connection or model is not offered now
-            self.addItem(f"{self._current.label} ({self._why_not_offered()})", self._current)
+        current = self._current
+        index = self._index_of(current)
+        if current is not None and index < 0:  # the chat's connection or model is not offered
+            self.addItem(f"{current.label} ({self._why_not_offered(current)})", current)
             index = self.count() - 1
             self.setItemData(
                 index,
                 "This chat runs on a connection that is not connected now (Engine ▸ Connect…), "
                 "is unreachable, or no longer lists this model. Its history is kept; pick "
                 "another model to go on here.",
-                Qt.ToolTipRole,
+                Qt.ItemDataRole.ToolTipRole,
             )
         self.setCurrentIndex(index)
         self.setToolTip(f"This chat runs on: {self.itemText(index)}")  # cut off when narrow
         self.blockSignals(False)
         self.setVisible(bool(self._entries) or self._current is not None)
 
-    def _why_not_offered(self) -> str:
-        entry = next((e for e in self._entries if e.label == self._current.connection), None)
+    def _why_not_offered(self, target: RemoteTarget) -> str:
+        entry = next((e for e in self._entries if e.label == target.connection), None)
         if entry is None:
             return "not connected"
         return {"listing": "listing…", "error": "unreachable"}.get(entry.state, "not listed")
@@ -132,7 +137,7 @@ class BackendPicker(QComboBox):
     def _add_disabled(self, text: str, tooltip: str) -> None:
         self.addItem(text, "disabled")
         index = self.count() - 1
-        self.setItemData(index, tooltip, Qt.ToolTipRole)
+        self.setItemData(index, tooltip, Qt.ItemDataRole.ToolTipRole)
         model = self.model()
         if isinstance(model, QStandardItemModel):
             model.item(index).setEnabled(False)

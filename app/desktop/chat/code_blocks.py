@@ -42,8 +42,8 @@ def kind_colors(palette: Palette | None = None) -> dict[str, QColor]:
 
 
 # Block properties that markdown cannot produce: they mark what this module made.
-CODE_LANGUAGE = QTextFormat.UserProperty + 1
-CODE_HEADER = QTextFormat.UserProperty + 2
+CODE_LANGUAGE = QTextFormat.Property.UserProperty + 1
+CODE_HEADER = QTextFormat.Property.UserProperty + 2
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class CodeBlock:
 def is_code_block(block: QTextBlock) -> bool:
     """A line of a fenced or indented code block as Qt's markdown parser leaves it."""
     char_format = block.charFormat()
-    return block.blockFormat().hasProperty(QTextFormat.BlockCodeFence) or (
+    return block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence) or (
         char_format.fontFixedPitch() or "monospace" in (char_format.fontFamilies() or [])
     )
 
@@ -144,7 +144,7 @@ def _code_runs(document: QTextDocument) -> list[tuple[QTextBlock, QTextBlock, st
     block = document.begin()
     while block.isValid():
         if is_code_block(block):
-            language = block.blockFormat().property(QTextFormat.BlockCodeLanguage) or ""
+            language = block.blockFormat().property(QTextFormat.Property.BlockCodeLanguage) or ""
             if runs and runs[-1][1].next() == block and runs[-1][2] == language:
                 runs[-1] = (runs[-1][0], block, language)
             else:
@@ -175,10 +175,10 @@ def _style_lines(
         fmt.setProperty(CODE_LANGUAGE, language)
         cursor.setPosition(block.position())
         cursor.setBlockFormat(fmt)
-        cursor.setPosition(block.position() + block.length() - 1, QTextCursor.KeepAnchor)
+        cursor.setPosition(block.position() + block.length() - 1, QTextCursor.MoveMode.KeepAnchor)
         char = QTextCharFormat()
         char.setFontFamilies(CODE_FAMILIES)
-        char.setFontStyleHint(QFont.Monospace)
+        char.setFontStyleHint(QFont.StyleHint.Monospace)
         char.setFontFixedPitch(True)
         cursor.mergeCharFormat(char)
         if block == last:
@@ -191,7 +191,7 @@ def _colour(cursor: QTextCursor, start: int, code: str, language: str, palette: 
     colors = kind_colors(palette)
     for span in highlight(code, language):
         cursor.setPosition(start + span.start)
-        cursor.setPosition(start + span.end, QTextCursor.KeepAnchor)
+        cursor.setPosition(start + span.end, QTextCursor.MoveMode.KeepAnchor)
         char = QTextCharFormat()
         char.setForeground(colors[span.kind])
         if span.kind == "comment":
@@ -209,7 +209,7 @@ def _insert_header(cursor: QTextCursor, first: QTextBlock, language: str, palett
     header.setRightMargin(6)
     header.setTopMargin(6)
     header.setProperty(CODE_HEADER, language)
-    cursor.movePosition(QTextCursor.PreviousBlock)
+    cursor.movePosition(QTextCursor.MoveOperation.PreviousBlock)
     cursor.setBlockFormat(header)
     label = QTextCharFormat()
     label.setForeground(QColor(palette.code_header_text))

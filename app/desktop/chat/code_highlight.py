@@ -22,7 +22,7 @@ class Span:
 
 @dataclass(frozen=True)
 class _Lexicon:
-    pattern: re.Pattern  # named groups: comment, string, key, number, meta, word
+    pattern: re.Pattern[str]  # named groups: comment, string, key, number, meta, word
     keywords: frozenset[str]
     builtins: frozenset[str] = frozenset()
     constants: frozenset[str] = frozenset()
@@ -158,6 +158,7 @@ def highlight(code: str, language: str) -> list[Span]:
     spans = []
     for match in lexicon.pattern.finditer(code):
         kind = match.lastgroup
+        assert kind is not None  # the pattern is all named groups (_lexicon), one of them matched
         if kind == "word":
             word = match.group()
             if word in lexicon.keywords:

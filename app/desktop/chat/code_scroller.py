@@ -25,15 +25,16 @@ class CodeScroller(QTextBrowser):
     """A read-only, unwrapped copy of one code block that scrolls sideways when it is wider."""
 
     def __init__(self, parent: QWidget) -> None:
-        super().__init__(parent, objectName="codeScroller")
+        super().__init__(parent)
+        self.setObjectName("codeScroller")
         self.setOpenLinks(False)
         self.setOpenExternalLinks(False)
         self.setDocument(SafeDocument(self))
         self.document().setDocumentMargin(0)
-        self.setFrameShape(QFrame.NoFrame)
+        self.setFrameShape(QFrame.Shape.NoFrame)
         self.setLineWrapMode(QTextBrowser.LineWrapMode.NoWrap)
-        self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
         self._lines: tuple[str, ...] = ()
         self._background = ("", "")
 
@@ -61,7 +62,7 @@ class CodeScroller(QTextBrowser):
         self._lines = key
         source = QTextCursor(first.document())
         source.setPosition(first.position())
-        source.setPosition(last.position() + last.length() - 1, QTextCursor.KeepAnchor)
+        source.setPosition(last.position() + last.length() - 1, QTextCursor.MoveMode.KeepAnchor)
         document = self.document()
         document.clear()
         cursor = QTextCursor(document)
@@ -70,7 +71,7 @@ class CodeScroller(QTextBrowser):
         fmt.setLeftMargin(CODE_PADDING)
         fmt.setRightMargin(CODE_PADDING)
         fmt.setNonBreakableLines(True)
-        cursor.select(QTextCursor.Document)
+        cursor.select(QTextCursor.SelectionType.Document)
         cursor.setBlockFormat(fmt)
 
     def content_width(self) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Protocol
 
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QLabel, QWidget
@@ -29,11 +30,21 @@ def usage_level(usage: ContextUsage) -> str:
     return "near" if needed > NEAR_SHARE * usage.limit else "ok"
 
 
+class TokenCounter(Protocol):
+    """Who counts a chat's tokens: the engine's client, a RemoteChatClient or an
+    UnreachableBackend. The answer comes later, by ticket, on the client's signals."""
+
+    def count_tokens(
+        self, ticket: int, system_prompt: str, turns: list[dict[str, str]], max_tokens: int
+    ) -> None: ...
+
+
 class ContextMeter(QLabel):
     """'1,234 / 2,048 tokens', coloured as the chat nears or passes the context."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent, objectName="contextMeter")
+        super().__init__(parent)
+        self.setObjectName("contextMeter")
         self.setToolTip("Tokens this chat takes of the model's context, counted once a model runs")
         self.setProperty("level", "ok")
 
@@ -81,7 +92,7 @@ class ContextMeterFeed(QObject):
         messages_of: Callable[[int], list],
         current_id: Callable[[], int | None],
         parent: QObject | None = None,
-        client_for: Callable[[int | None], object] | None = None,
+        client_for: Callable[[int | None], TokenCounter] | None = None,
     ) -> None:
         super().__init__(parent)
         self._meter, self._chat, self._client = meter, chat, client

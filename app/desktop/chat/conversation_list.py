@@ -39,10 +39,10 @@ GENERATING_MARK = "● "
 def group_swatch(group: str, size: int = 10) -> QIcon:
     """A dot in the group's block-map colour, so a chat and its blocks match."""
     pixmap = QPixmap(size, size)
-    pixmap.fill(Qt.transparent)
+    pixmap.fill(Qt.GlobalColor.transparent)
     painter = QPainter(pixmap)
-    painter.setRenderHint(QPainter.Antialiasing)
-    painter.setPen(Qt.NoPen)
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+    painter.setPen(Qt.PenStyle.NoPen)
     painter.setBrush(QColor(group_hex(group)))
     painter.drawEllipse(0, 0, size, size)
     painter.end()
@@ -59,14 +59,16 @@ class ConversationList(QWidget):
         super().__init__(parent)
         self.setObjectName("conversationList")
         self.store = store
-        self.new_button = QPushButton("+  New chat", objectName="newChat")
+        self.new_button = QPushButton("+  New chat")
+        self.new_button.setObjectName("newChat")
         self.search = QLineEdit(placeholderText="Search chats", clearButtonEnabled=True)
         self.list = QListWidget()
-        self.list.setContextMenuPolicy(Qt.CustomContextMenu)
-        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.list.setTextElideMode(Qt.ElideRight)
-        self.no_results = QLabel(objectName="emptyHint", wordWrap=True)
-        self.no_results.setAlignment(Qt.AlignHCenter | Qt.AlignTop)
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.no_results = QLabel(wordWrap=True)
+        self.no_results.setObjectName("emptyHint")
+        self.no_results.setAlignment(Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop)
         self.no_results.setVisible(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
@@ -81,7 +83,9 @@ class ConversationList(QWidget):
         self.search.textChanged.connect(lambda _text: self.refresh())
         self.list.currentItemChanged.connect(self._item_changed)
         self.list.customContextMenuRequested.connect(self._context_menu)
-        self.list.itemDoubleClicked.connect(lambda item: self.ask_rename(item.data(Qt.UserRole)))
+        self.list.itemDoubleClicked.connect(
+            lambda item: self.ask_rename(item.data(Qt.ItemDataRole.UserRole))
+        )
 
     def refresh(self) -> None:
         """Reload from the store, keeping the selection."""
@@ -92,7 +96,7 @@ class ConversationList(QWidget):
             title = plain_text(conv.title) or conv.title
             item = QListWidgetItem(self._label(conv.id, title))
             item.setIcon(group_swatch(conversation_group(conv.id)))
-            item.setData(Qt.UserRole, conv.id)
+            item.setData(Qt.ItemDataRole.UserRole, conv.id)
             item.setToolTip(title)
             color = self._generating.get(conv.id)
             if color is not None:
@@ -112,7 +116,7 @@ class ConversationList(QWidget):
         self._current = conversation_id
         for row in range(self.list.count()):
             item = self.list.item(row)
-            if item.data(Qt.UserRole) == conversation_id:
+            if item.data(Qt.ItemDataRole.UserRole) == conversation_id:
                 self.list.blockSignals(True)
                 self.list.setCurrentItem(item)
                 self.list.blockSignals(False)
@@ -135,7 +139,7 @@ class ConversationList(QWidget):
     def ask_delete(self, conversation_id: int) -> None:
         title = self.store.conversation(conversation_id).title
         answer = QMessageBox.question(self, "Delete chat", f"Delete “{title}” and its messages?")
-        if answer == QMessageBox.Yes:
+        if answer == QMessageBox.StandardButton.Yes:
             self.delete_requested.emit(conversation_id)
 
     def ask_export(self, conversation_id: int, fmt: str) -> None:
@@ -155,13 +159,13 @@ class ConversationList(QWidget):
 
     def _item_changed(self, item: QListWidgetItem | None, _previous) -> None:
         if item is not None:
-            self._current = item.data(Qt.UserRole)
+            self._current = item.data(Qt.ItemDataRole.UserRole)
             self.conversation_selected.emit(self._current)
 
     def _context_menu(self, pos) -> None:
         item = self.list.itemAt(pos)
         if item is not None:
-            self.menu_for(item.data(Qt.UserRole)).exec(self.list.mapToGlobal(pos))
+            self.menu_for(item.data(Qt.ItemDataRole.UserRole)).exec(self.list.mapToGlobal(pos))
 
     def menu_for(self, conversation_id: int) -> QMenu:
         """The context menu of one chat: rename, export, delete."""

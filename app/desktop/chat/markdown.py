@@ -101,7 +101,7 @@ _KEEP_AS_IS = re.compile(
 def keep_line_breaks(text: str) -> str:
     """Mark each newline inside a paragraph (outside code fences) to render as a line break."""
     lines = text.split("\n")
-    in_fence = set()
+    in_fence: set[int] = set()
     for fence in scan_fences(text):
         in_fence.update(range(fence.first, fence.last + 1))
     for i, line in enumerate(lines[:-1]):
@@ -134,7 +134,9 @@ def _mark_inline_code(document: QTextDocument) -> None:
             fragment = it.fragment()
             if fragment.isValid() and _is_code(fragment.charFormat()):
                 cursor.setPosition(fragment.position())
-                cursor.setPosition(fragment.position() + fragment.length(), QTextCursor.KeepAnchor)
+                cursor.setPosition(
+                    fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor
+                )
                 char = fragment.charFormat()
                 char.setBackground(QColor(current().inline_code))
                 char.setFontFamilies(CODE_FAMILIES)
@@ -161,7 +163,7 @@ def _images_to_text(document: QTextDocument) -> None:
     cursor = QTextCursor(document)
     for position, length, alt, image in reversed(images):  # back to front: positions hold
         cursor.setPosition(position)
-        cursor.setPosition(position + length, QTextCursor.KeepAnchor)
+        cursor.setPosition(position + length, QTextCursor.MoveMode.KeepAnchor)
         text_format = QTextCharFormat()
         text_format.setForeground(IMAGE_COLOR)
         text_format.setFontItalic(True)

@@ -60,10 +60,10 @@ class MarkdownView(QTextBrowser):
         self.setOpenExternalLinks(False)
         self.anchorClicked.connect(open_link)
         self.setDocument(SafeDocument(self))
-        self.setFrameShape(QFrame.NoFrame)
-        self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.document().setDocumentMargin(2)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
         # Code lines do not wrap, so the document may be wider than the bubble: a cursor or a
@@ -98,7 +98,7 @@ class MarkdownView(QTextBrowser):
     def markdown(self) -> str:
         return self._markdown
 
-    def loadResource(self, kind: int, url: QUrl):  # noqa: N802 (Qt's name)
+    def loadResource(self, kind: int, url: QUrl | str) -> None:  # noqa: N802 (Qt's name)
         """Chat content loads nothing: no file, no network, whatever the markdown says."""
         return None
 
@@ -188,7 +188,7 @@ def _lines_height(first: QTextBlock, last: QTextBlock) -> float:
     return bottom - first.layout().position().y()
 
 
-def _reserve(last: QTextBlock, extra: int) -> None:
+def _reserve(last: QTextBlock, extra: float) -> None:
     """Room under a code block's last line for what its scroller needs beyond the lines."""
     wanted = CODE_BOTTOM_MARGIN + extra
     fmt = last.blockFormat()
@@ -202,9 +202,11 @@ class CopyCodeButton(QToolButton):
     """Copies one code block's text; says "Copied" for a moment after."""
 
     def __init__(self, parent: QWidget) -> None:
-        super().__init__(parent, text="Copy", objectName="bubbleAction")
+        super().__init__(parent)
+        self.setText("Copy")
+        self.setObjectName("bubbleAction")
         self.setToolTip("Copy this code")
-        self.setCursor(Qt.PointingHandCursor)
+        self.setCursor(Qt.CursorShape.PointingHandCursor)
         self.code = ""
         self.setText("Copied")  # the wider label: the button never changes width
         self.setFixedWidth(self.sizeHint().width())

@@ -161,6 +161,7 @@ class ChatStore:
                 "sampling, remote_connection, remote_model) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (title, system_prompt, now, now, _json_or_null(sampling), *where),
             )
+        assert cur.lastrowid is not None  # the INSERT above sets it
         return self.conversation(cur.lastrowid)
 
     def conversation(self, conversation_id: int) -> Conversation:
@@ -268,6 +269,7 @@ class ChatStore:
                 ),
             )
             self._touch(conversation_id, now)
+        assert cur.lastrowid is not None  # the INSERT above sets it
         return self.message(cur.lastrowid)
 
     def message(self, message_id: int) -> Message:

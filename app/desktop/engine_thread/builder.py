@@ -13,10 +13,14 @@ import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvscope.app.core.engine_messages import EngineInfo
 from kvscope.app.core.settings import EngineSettings
 from kvscope.engine.memory.host_memory import give_back_freed
+
+if TYPE_CHECKING:  # the engine (torch) loads on the worker's thread, at the first build
+    from kvscope.engine import LLM
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +33,7 @@ class BuildResult:
 
 class EngineBuilder:
     def __init__(self, settings: EngineSettings, loaded_model=None) -> None:
-        self.llm = None
+        self.llm: LLM | None = None
         self.settings = settings  # those the running engine was built with
         self.kernel = "auto"  # the running engine's cpu_quant_kernel
         self._loaded = loaded_model  # keyed by the settings' model path

@@ -9,14 +9,18 @@ all. It runs on the worker's thread.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kvscope.app.core.engine_messages import ReplyUpdate
+
+if TYPE_CHECKING:
+    from kvscope.engine import LLMEngine
 
 
 class ChatReplies:
     def __init__(
         self,
-        engine: Callable[[], object],
+        engine: Callable[[], LLMEngine | None],
         on_update: Callable[[ReplyUpdate], None],
         on_failed: Callable[[str, str], None],
     ) -> None:

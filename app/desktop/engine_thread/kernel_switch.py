@@ -72,7 +72,7 @@ class KernelSwitch(QObject):
             self._timer.start()
             # The worker's thread ends at shutdown: the child goes with it (what it compiled
             # stays cached); atexit covers a host that never ran on a thread of its own.
-            QThread.currentThread().finished.connect(self.stop, Qt.DirectConnection)
+            QThread.currentThread().finished.connect(self.stop, Qt.ConnectionType.DirectConnection)
         self._poll()
 
     def stop(self) -> None:
@@ -82,26 +82,29 @@ class KernelSwitch(QObject):
             self._compile.stop()
 
     def _poll(self) -> None:
-        job = self._compile
+        job, timer = self._compile, self._timer
+        assert job is not None and timer is not None  # built() makes both before any poll
         done = job.poll()
         if done is None:
             self._say(compiling_line(job.remaining_s(), job.elapsed_s()))
             return
         if not done:
-            self._timer.stop()
+            timer.stop()
             self._failed = job.error
             self._say(
                 f"The CPU kernels could not be compiled ({job.error}); replies keep the slower path"
             )
             return
+        compiled_s = job.seconds
+        assert compiled_s is not None  # poll() answers True only once it holds the duration
         if not self._host.idle_for_rebuild():
             self._say(
-                f"CPU kernels compiled in {job.seconds:.0f} s; switching to them when the "
+                f"CPU kernels compiled in {compiled_s:.0f} s; switching to them when the "
                 "replies in flight finish"
             )
             return
-        self._timer.stop()
-        self._switch(job.seconds)
+        timer.stop()
+        self._switch(compiled_s)
 
     def _switch(self, compiled_s: float) -> None:
         host = self._host

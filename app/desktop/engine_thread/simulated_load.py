@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kvscope.engine.kv.snapshot import KVSnapshot
+
+if TYPE_CHECKING:  # the generator loads when simulated users first start
+    from kvscope.app.desktop.simulated_users.loadgen import LoadGenerator
+    from kvscope.engine import LLMEngine
 
 
 class SimulatedLoad:
     def __init__(
         self,
-        engine: Callable[[], object],
+        engine: Callable[[], LLMEngine | None],
         on_status: Callable[[bool, str], None],
     ) -> None:
         """`engine()`: the engine now (None: none is built); `on_status(running, line)` hears
         every change of the line."""
         self._engine = engine
         self._on_status = on_status
-        self._load = None  # LoadGenerator while simulated users run
+        self._load: LoadGenerator | None = None  # while simulated users run
         self._done = 0
         self._error = ""
         self._line = ""  # the latest line sent

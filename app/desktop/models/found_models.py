@@ -62,7 +62,8 @@ class FoundModelsList(QWidget):
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
-        self.tree = QTreeWidget(objectName="foundModels")
+        self.tree = QTreeWidget()
+        self.tree.setObjectName("foundModels")
         self.tree.setHeaderLabels(COLUMNS)
         for column, tip in enumerate(HEADER_TIPS):
             self.tree.headerItem().setToolTip(column, tip)
@@ -77,7 +78,8 @@ class FoundModelsList(QWidget):
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         for column in range(1, len(COLUMNS)):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
-        self.status = QLabel("Looking for GGUF files…", wordWrap=True, objectName="hintText")
+        self.status = QLabel("Looking for GGUF files…", wordWrap=True)
+        self.status.setObjectName("hintText")
         self._note = note
         self.scan_done = False
         layout = QVBoxLayout(self)
@@ -96,10 +98,12 @@ class FoundModelsList(QWidget):
         ).start()
 
     def paths(self) -> list[str]:
-        return [
-            self.tree.topLevelItem(i).data(0, PATH_ROLE)
-            for i in range(self.tree.topLevelItemCount())
-        ]
+        return [item.data(0, PATH_ROLE) for item in self._rows()]
+
+    def _rows(self) -> list[QTreeWidgetItem]:
+        """The list's rows, in order (every index under topLevelItemCount() holds one)."""
+        items = (self.tree.topLevelItem(i) for i in range(self.tree.topLevelItemCount()))
+        return [item for item in items if item is not None]
 
     def _show_found(self, models: list[FoundModel]) -> None:
         for model in models:
@@ -114,10 +118,9 @@ class FoundModelsList(QWidget):
     def _show_summary(self, row: int, summary: ModelSummary | None) -> None:
         if summary is None:  # the header budget ran out, or the scan ended
             self.scan_done = True
-            for i in range(self.tree.topLevelItemCount()):
-                item = self.tree.topLevelItem(i)
-                if item.text(2) == "…":
-                    item.setText(2, "")
+            for listed in self._rows():
+                if listed.text(2) == "…":
+                    listed.setText(2, "")
             self._keep_names_readable()
             return
         item = self.tree.topLevelItem(row)

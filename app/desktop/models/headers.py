@@ -28,7 +28,8 @@ MAX_ENTRIES = 8
 # The files a folder's headers come from (config.json, safetensors headers, a lone .gguf).
 FOLDER_SUFFIXES = (".json", ".safetensors", ".gguf")
 
-WeightsHeader = tuple[MappingProxyType, MappingProxyType]  # shapes, kinds: read-only, shared
+# Shapes and stored kinds, as read-only views that every caller shares.
+WeightsHeader = tuple[MappingProxyType[str, tuple[int, ...]], MappingProxyType[str, str]]
 Headers = tuple[ModelConfig, WeightsHeader | None]
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,10 @@ def read_headers(model: str | os.PathLike | None) -> Headers:
             _cache.move_to_end(key)
             return _cache[key]
     config = planner.model_config(model)
-    header = planner.weights_header(model)
-    if header is not None:
-        header = (MappingProxyType(dict(header[0])), MappingProxyType(dict(header[1])))
+    read = planner.weights_header(model)
+    header: WeightsHeader | None = None
+    if read is not None:
+        header = (MappingProxyType(dict(read[0])), MappingProxyType(dict(read[1])))
     with _lock:
         _cache[key] = (config, header)
         _cache.move_to_end(key)

@@ -39,7 +39,12 @@ from kvscope.app.desktop.models.ollama import name_of_blob
 from kvscope.engine.model.gguf.identity import is_gguf_file
 from kvscope.engine.model.model_config import ModelConfig
 from kvscope.engine.sizing import planner
-from kvscope.engine.sizing.weight_fit import count_parameters, resolve_for_weights, weight_fit
+from kvscope.engine.sizing.weight_fit import (
+    WeightsHeader,
+    count_parameters,
+    resolve_for_weights,
+    weight_fit,
+)
 
 SOURCES = ("Bundled SmolLM2-135M-Instruct", "GGUF file", "HF model folder")
 GGUF_FILTERS = "GGUF (*.gguf);;Ollama blobs (sha256-*);;All files (*)"
@@ -64,11 +69,14 @@ class ModelPicker(QGroupBox):
         self.source.addItems(SOURCES)
         self.path = QLineEdit(placeholderText="path to a .gguf file or an HF model folder")
         self.browse = QPushButton("Browse…")
-        self.info = QLabel(wordWrap=True, objectName="modelInfo")
-        self.prediction = QLabel(wordWrap=True, objectName="modelPrediction")
-        self.error = QLabel(wordWrap=True, objectName="errorText")
+        self.info = QLabel(wordWrap=True)
+        self.info.setObjectName("modelInfo")
+        self.prediction = QLabel(wordWrap=True)
+        self.prediction.setObjectName("modelPrediction")
+        self.error = QLabel(wordWrap=True)
+        self.error.setObjectName("errorText")
         self._config: ModelConfig | None = None
-        self._header: tuple[dict, dict] | None = None  # weight shapes and stored kinds
+        self._header: WeightsHeader | None = None  # weight shapes and stored kinds
         self.found = FoundModelsList(lambda: model_discovery.discover(paths.data_dir()))
 
         row = QHBoxLayout()
@@ -103,7 +111,7 @@ class ModelPicker(QGroupBox):
     def model_config(self) -> ModelConfig | None:
         return self._config
 
-    def weights_header(self) -> tuple[dict, dict] | None:
+    def weights_header(self) -> WeightsHeader | None:
         """The chosen model's weight shapes and stored kinds (None: unread or config only)."""
         return self._header
 
@@ -186,6 +194,8 @@ class ModelPicker(QGroupBox):
                     vram_bytes=_cuda_total_bytes(config.torch_device),
                     gpu_memory_utilization=engine_settings.gpu_memory_utilization,
                 )
+                # Given vram_bytes, a plan always has a budget and a block count.
+                assert plan.kv_budget_bytes is not None and plan.num_blocks is not None
                 budget = f"About {plan.kv_budget_bytes / 2**30:.2f} GiB left on the GPU"
                 blocks = plan.num_blocks
             # Sliding-window layers hold only their window: the sentence adds up per KV group.

@@ -65,7 +65,8 @@ class RecordingControls(QObject):
         self.folder_action = QAction("Show recordings folder", window)
         self.folder_action.setToolTip(f"Open {recordings_dir()} in the file manager")
         self.folder_action.triggered.connect(lambda: self.show_in_folder(recordings_dir()))
-        self.button = QToolButton(objectName="recordButton")
+        self.button = QToolButton()
+        self.button.setObjectName("recordButton")
         self.button.setDefaultAction(self.record_action)
         # After a recording stops: where it went, until the next one starts.
         self.saved_button = ShortenedToolButton(objectName="recordingSaved", autoRaise=True)

@@ -140,24 +140,30 @@ class ReplayDialog(QDialog):
         self.resize(1100, 680)
         self.path = path
         self.loader = ReplayLoader(path)
-        self.slider = QSlider(Qt.Orientation.Horizontal, objectName="replaySlider")
+        self.slider = QSlider(Qt.Orientation.Horizontal)
+        self.slider.setObjectName("replaySlider")
         self.slider.setRange(0, 0)
         self.slider.setEnabled(False)
         self.previous = QPushButton("◀ Step")
         self.next = QPushButton("Step ▶")
-        self.play = QPushButton(PLAY_TEXT, objectName="replayPlay")
+        self.play = QPushButton(PLAY_TEXT)
+        self.play.setObjectName("replayPlay")
         self.play.setToolTip("Step through the recording on a timer; click again to pause")
         self.play.setEnabled(False)
-        self.speed = QComboBox(objectName="replaySpeed")
+        self.speed = QComboBox()
+        self.speed.setObjectName("replaySpeed")
         for rate in PLAY_SPEEDS:
             self.speed.addItem(f"{rate} steps/s", rate)
         self.speed.setCurrentIndex(PLAY_SPEEDS.index(DEFAULT_SPEED))
         self.speed.setToolTip("Playback speed")
         self._player = QTimer(self)
         self._player.timeout.connect(self.advance)
-        self.about = QLabel(_about(path, header), wordWrap=True, objectName="replayAbout")
-        self.step_label = QLabel("Reading the recording…", objectName="replayStep")
-        self.error = QLabel(wordWrap=True, objectName="errorText")
+        self.about = QLabel(_about(path, header), wordWrap=True)
+        self.about.setObjectName("replayAbout")
+        self.step_label = QLabel("Reading the recording…")
+        self.step_label.setObjectName("replayStep")
+        self.error = QLabel(wordWrap=True)
+        self.error.setObjectName("errorText")
         self.error.setVisible(False)
         self.error_box: QMessageBox | None = None
         self.paged_caption, self.paged_map = _caption(), BlockMapView()
@@ -265,7 +271,11 @@ class ReplayDialog(QDialog):
             self.error.setText(message)
             self.error.setVisible(True)
             self.error_box = QMessageBox(
-                QMessageBox.Warning, "Cannot replay this recording", message, QMessageBox.Ok, self
+                QMessageBox.Icon.Warning,
+                "Cannot replay this recording",
+                message,
+                QMessageBox.StandardButton.Ok,
+                self,
             )
             self.error_box.open()
 

@@ -51,13 +51,17 @@ class ConnectDialog(QDialog):
         form.addRow("API key", self.api_key)
         form.addRow("Name", self.name)
         form.addRow("vLLM hash seed", self.hash_seed)
-        help_label = QLabel(HELP, wordWrap=True, objectName="connectHelp")
+        help_label = QLabel(HELP, wordWrap=True)
+        help_label.setObjectName("connectHelp")
         help_label.setStyleSheet("color: #8C94A3; font-size: 11px;")
-        self.error = QLabel(objectName="errorText", wordWrap=True)
+        self.error = QLabel(wordWrap=True)
+        self.error.setObjectName("errorText")
         self.error.setStyleSheet(ERROR_STYLE)
         self.error.setVisible(False)
-        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
-        buttons.button(QDialogButtonBox.Ok).setText("Connect")
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
+        buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Connect")
         buttons.accepted.connect(self._accept)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
@@ -95,7 +99,8 @@ def add_connect_action(window: QMainWindow, connections: ConnectionList) -> QAct
     connection to `connections` (which the remote view follows)."""
     from kvscope.app.desktop.window_menu import add_engine_actions
 
-    action = QAction("Connect…", window, objectName="connectAction")
+    action = QAction("Connect…", window)
+    action.setObjectName("connectAction")
     action.setToolTip("Follow a vLLM / SGLang / kvscope serve server's KV cache and metrics")
 
     def open_dialog() -> None:

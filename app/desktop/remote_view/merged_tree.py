@@ -70,6 +70,7 @@ def merge_trees(caches: Iterable[RemoteCache], group: int = 0) -> list[TreeRun]:
 def _collapse(top: _Merged) -> list[TreeRun]:
     roots: list[TreeRun] = []
     # (merged node starting a run, list to append the run to, parent path key, depth)
+    stack: list[tuple[_Merged, list[TreeRun], tuple, int]]
     stack = [(m, roots, (), 0) for m in top.children.values()]
     runs: list[TreeRun] = []  # in creation (pre-) order, for the bottom-up sums below
     while stack:
@@ -92,8 +93,8 @@ def _collapse(top: _Merged) -> list[TreeRun]:
     for run in reversed(runs):
         run.subtree_blocks = run.blocks + sum(c.subtree_blocks for c in run.children)
         held = dict.fromkeys(run.replicas, run.blocks)
-        for child in run.children:
-            for replica, n in child.held.items():
+        for below in run.children:
+            for replica, n in below.held.items():
                 held[replica] = held.get(replica, 0) + n
         run.held = held
         run.children.sort(key=lambda r: -r.subtree_blocks)

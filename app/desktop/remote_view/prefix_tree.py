@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable
 from html import escape
 
-from PySide6.QtCore import QEvent, QModelIndex, QRect, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QPainter
+from PySide6.QtCore import QEvent, QModelIndex, QPersistentModelIndex, QRect, QSize, Qt, Signal
+from PySide6.QtGui import QColor, QHelpEvent, QPainter
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
@@ -72,6 +72,17 @@ def _one_line(text: str, limit: int = PREVIEW_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def _child_items(item: QTreeWidgetItem) -> list[QTreeWidgetItem]:
+    # child(i) is None only past childCount(); the filter is for the type checker.
+    return [c for i in range(item.childCount()) if (c := item.child(i)) is not None]
+
+
+def _top_items(tree: QTreeWidget) -> list[QTreeWidgetItem]:
+    # As _child_items: topLevelItem(i) is None only past topLevelItemCount().
+    count = tree.topLevelItemCount()
+    return [t for i in range(count) if (t := tree.topLevelItem(i)) is not None]
+
+
 def bar_width(blocks: int, most: int) -> int:
     if most <= 1:
         return BAR_MIN_PX
@@ -86,7 +97,12 @@ class _BarDelegate(QStyledItemDelegate):
         super().__init__(view)
         self.view = view
 
-    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+    def paint(
+        self,
+        painter: QPainter,
+        option: QStyleOptionViewItem,
+        index: QModelIndex | QPersistentModelIndex,
+    ) -> None:
         run: TreeRun | None = index.data(RUN_ROLE)
         if run is None:
             super().paint(painter, option, index)
@@ -114,7 +130,9 @@ class _BarDelegate(QStyledItemDelegate):
         painter.drawText(bar.adjusted(4, 0, 0, 0), Qt.AlignmentFlag.AlignVCenter, label)
         painter.restore()
 
-    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
+    def sizeHint(
+        self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> QSize:
         size = super().sizeHint(option, index)
         return QSize(max(size.width(), BAR_MAX_PX + 4), max(size.height(), 18))
 
@@ -169,6 +187,7 @@ class PrefixTreeView(QTreeWidget):
         self.most_blocks = max((r.blocks for r in self._walk()), default=1)
         items: dict[tuple, QTreeWidgetItem] = {}
         rows = 0
+        stack: list[tuple[QTreeWidgetItem | None, TreeRun]]
         stack = [(None, r) for r in reversed(roots)]
         left_out = 0
         while stack:
@@ -202,24 +221,25 @@ class PrefixTreeView(QTreeWidget):
 
     def visible_runs(self) -> list[TreeRun]:
         """The runs with a row, in row order."""
-        runs, stack = [], [self.topLevelItem(i) for i in reversed(range(self.topLevelItemCount()))]
+        runs: list[TreeRun] = []
+        stack = _top_items(self)[::-1]
         while stack:
             item = stack.pop()
             runs.append(item.data(0, RUN_ROLE))
-            stack.extend(item.child(i) for i in reversed(range(item.childCount())))
+            stack.extend(reversed(_child_items(item)))
         return runs
 
     def show_previews(self, texts: dict[tuple[int, ...], str]) -> None:
         """Replace rows' token ids with text decoded elsewhere (the server's /detokenize),
         keyed by `preview_tokens(run)`."""
         self.previews.update(texts)
-        stack = [self.topLevelItem(i) for i in range(self.topLevelItemCount())]
+        stack = _top_items(self)
         while stack:
             item = stack.pop()
             text = texts.get(self.preview_tokens(item.data(0, RUN_ROLE)))
             if text is not None:
                 item.setText(2, _one_line(text))
-            stack.extend(item.child(i) for i in range(item.childCount()))
+            stack.extend(_child_items(item))
 
     def _item(self, run: TreeRun) -> QTreeWidgetItem:
         # The preview decodes only the run's first tokens: a row shows one line of them.
@@ -262,7 +282,7 @@ class PrefixTreeView(QTreeWidget):
     def viewportEvent(self, event: QEvent) -> bool:  # noqa: N802 (Qt's name)
         """Tooltips written when asked for: describing every row up front cost more than
         building the tree."""
-        if event.type() == QEvent.Type.ToolTip:
+        if event.type() == QEvent.Type.ToolTip and isinstance(event, QHelpEvent):
             item = self.itemAt(event.pos())
             if item is not None:
                 QToolTip.showText(event.globalPos(), self.describe(item.data(0, RUN_ROLE)), self)
@@ -279,13 +299,13 @@ class PrefixTreeView(QTreeWidget):
             stack.extend(run.children)
 
     def _view_state(self) -> tuple[set[tuple], tuple | None]:
-        expanded = set()
-        stack = [self.topLevelItem(i) for i in range(self.topLevelItemCount())]
+        expanded: set[tuple] = set()
+        stack = _top_items(self)
         while stack:
             item = stack.pop()
             if item.isExpanded():
                 expanded.add(item.data(0, RUN_ROLE).key)
-            stack.extend(item.child(i) for i in range(item.childCount()))
+            stack.extend(_child_items(item))
         current = self.currentItem()
         return expanded, current.data(0, RUN_ROLE).key if current is not None else None
 
@@ -294,9 +314,10 @@ class PrefixTreeView(QTreeWidget):
 
     def items(self) -> list[QTreeWidgetItem]:
         """Every row, in pre-order (for tests)."""
-        out, stack = [], [self.topLevelItem(i) for i in reversed(range(self.topLevelItemCount()))]
+        out: list[QTreeWidgetItem] = []
+        stack = _top_items(self)[::-1]
         while stack:
             item = stack.pop()
             out.append(item)
-            stack.extend(item.child(i) for i in reversed(range(item.childCount())))
+            stack.extend(reversed(_child_items(item)))
         return out

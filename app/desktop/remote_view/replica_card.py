@@ -37,15 +37,19 @@ CARD_STYLE = card_style(DARK)
 
 class _Tile(QFrame):
     def __init__(self, caption: str, tip: str) -> None:
-        super().__init__(objectName="tile")
+        super().__init__()
+        self.setObjectName("tile")
         self.tip = tip
         self.setToolTip(tip)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 3, 8, 4)
         layout.setSpacing(0)
-        self.caption = QLabel(caption, objectName="caption")
-        self.value = QLabel("–", objectName="value")
-        self.detail = QLabel("", objectName="detail")
+        self.caption = QLabel(caption)
+        self.caption.setObjectName("caption")
+        self.value = QLabel("–")
+        self.value.setObjectName("value")
+        self.detail = QLabel("")
+        self.detail.setObjectName("detail")
         for w in (self.caption, self.value, self.detail):
             # Clipped rather than widening the row: seven tiles share a 1024 px window.
             w.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -63,9 +67,11 @@ class ReplicaCard(QWidget):
         self.swatch = QLabel()
         self.swatch.setFixedSize(12, 12)
         self.swatch.setStyleSheet(f"background: {color}; border-radius: 2px;")
-        self.name = QLabel(escape(replica), objectName="replicaName")
+        self.name = QLabel(escape(replica))
+        self.name.setObjectName("replicaName")
         # Its own row under the name and the button, wrapped: a long error is never cut off.
-        self.status = QLabel("connecting", objectName="replicaStatus", wordWrap=True)
+        self.status = QLabel("connecting", wordWrap=True)
+        self.status.setObjectName("replicaStatus")
         self.status.setTextFormat(Qt.TextFormat.RichText)
         self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.status.setMinimumWidth(1)
@@ -75,7 +81,9 @@ class ReplicaCard(QWidget):
         head.addWidget(self.swatch)
         head.addWidget(self.name)
         head.addStretch(1)
-        self.disconnect_button = QToolButton(text="Disconnect", objectName="disconnectReplica")
+        self.disconnect_button = QToolButton()
+        self.disconnect_button.setText("Disconnect")
+        self.disconnect_button.setObjectName("disconnectReplica")
         self.disconnect_button.setToolTip(f"Stop following {replica} (Engine ▸ Connect… adds it)")
         self.disconnect_button.setStyleSheet("padding: 0 6px; font-size: 10px;")
         head.addWidget(self.disconnect_button)

@@ -10,7 +10,8 @@ table, its best row and the captions follow the theme (`follow_theme`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QColor, QFont
@@ -152,9 +153,9 @@ class RoutingBox(QWidget):
         self.button.setEnabled(False)
         for label, (connection, model) in replicas.items():
             future = self._pool.submit(self.tokenize, connection, model, messages)
-            future.add_done_callback(lambda f, lb=label: self._answer(check, lb, f))
+            future.add_done_callback(partial(self._answer, check, label))
 
-    def _answer(self, check: int, replica: str, future) -> None:
+    def _answer(self, check: int, replica: str, future: Future[list[int]]) -> None:
         """On the worker thread: hand the answer to the GUI thread (queued signal)."""
         if future.cancelled():
             return
@@ -166,7 +167,7 @@ class RoutingBox(QWidget):
     def busy(self) -> bool:
         return bool(self._pending)
 
-    def _on_answer(self, check: int, replica: str, answer: object) -> None:
+    def _on_answer(self, check: int, replica: str, answer: list[int] | BaseException) -> None:
         if check != self._check or replica not in self._pending:
             return
         self._pending.discard(replica)
@@ -222,9 +223,14 @@ class RoutingBox(QWidget):
     def rows(self) -> list[list[str]]:
         """The table as text (for tests)."""
         return [
-            [self.table.item(i, j).text() for j in range(self.table.columnCount())]
+            [self._cell_text(i, j) for j in range(self.table.columnCount())]
             for i in range(self.table.rowCount())
         ]
+
+    def _cell_text(self, row: int, column: int) -> str:
+        item = self.table.item(row, column)
+        assert item is not None  # _show fills every cell of the rows it makes
+        return item.text()
 
     def shutdown(self) -> None:
         self._closed = True

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
@@ -56,6 +57,9 @@ from kvscope.app.desktop.remote_view.view_style import style_view
 from kvscope.app.remote.connection import Connection
 from kvscope.app.remote.connections_qt import ConnectionList
 
+if TYPE_CHECKING:  # the monitor module loads only when the first connection needs one
+    from kvscope.app.remote.monitor import ReplicaMonitor, ReplicaSnapshot
+
 POLL_MS = 250
 MAX_CARDS_SHOWN = 2
 WIDE_FROM_PX = 760  # narrower (the map column of a 1024 px window): tabs, tiles in two rows
@@ -70,11 +74,23 @@ NO_SERVER = (
     "No server connected. Engine ▸ Connect…, or start with"
     " <code>kvscope --connect http://host:8000 --kv-events tcp://host:5557</code>."
 )
+
+
+class Monitor(Protocol):
+    """What the view asks of a ReplicaMonitor (app/remote/monitor.py); tests pass fakes."""
+
+    connection: Connection
+
+    def snapshot(self) -> ReplicaSnapshot: ...
+
+    def stop(self) -> None: ...
+
+
 # A factory so tests can feed the view without sockets: Connection -> a started monitor.
-MonitorFactory = Callable[[Connection], object]
+MonitorFactory = Callable[[Connection], Monitor]
 
 
-def _default_monitor(connection: Connection):
+def _default_monitor(connection: Connection) -> ReplicaMonitor:
     from kvscope.app.remote.monitor import ReplicaMonitor
 
     monitor = ReplicaMonitor(connection)
@@ -104,7 +120,7 @@ def _queued(m) -> float | None:
     return (m.running or 0) + (m.waiting or 0)
 
 
-def _stop_in_background(monitor) -> None:
+def _stop_in_background(monitor: Monitor) -> None:
     """A monitor's stop() joins its threads (up to a couple of seconds): not on the GUI."""
     threading.Thread(target=monitor.stop, name="kvscope-monitor-stop", daemon=True).start()
 
@@ -124,8 +140,10 @@ class RemoteView(QWidget):
         self.connections = connections
         self._monitor_factory = monitor_factory or _default_monitor
         self._clock = clock
-        self.monitors: dict[str, object] = {}
-        self._last_good: dict[str, object] = {}  # each replica's last snapshot that was read
+        self.monitors: dict[str, Monitor] = {}
+        self._last_good: dict[
+            str, ReplicaSnapshot
+        ] = {}  # each replica's last snapshot that was read
         self.snapshots: list = []
         self.colors = ReplicaColors()
         self.cards: dict[str, ReplicaCard] = {}
@@ -137,24 +155,29 @@ class RemoteView(QWidget):
         self._plotted_at = -1e18
         self._plotted_replicas: set[str] = set()
 
-        self.known = QLabel(KNOWN_CAPTION, wordWrap=True, objectName="remoteKnown")
+        self.known = QLabel(KNOWN_CAPTION, wordWrap=True)
+        self.known.setObjectName("remoteKnown")
         self.known.setStyleSheet("font-size: 11px;")
-        self.empty = QLabel(NO_SERVER, wordWrap=True, objectName="remoteEmpty")
+        self.empty = QLabel(NO_SERVER, wordWrap=True)
+        self.empty.setObjectName("remoteEmpty")
         self.cards_box = QWidget()
         self.cards_layout = QVBoxLayout(self.cards_box)
         self.cards_layout.setContentsMargins(0, 0, 0, 0)
         self.cards_layout.setSpacing(4)
         # Two cards show; more scroll, so the tree keeps its height with many replicas.
-        self.cards_scroll = QScrollArea(widgetResizable=True, objectName="replicaCards")
+        self.cards_scroll = QScrollArea(widgetResizable=True)
+        self.cards_scroll.setObjectName("replicaCards")
         self.cards_scroll.setFrameShape(QFrame.Shape.NoFrame)
         self.cards_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.cards_scroll.setWidget(self.cards_box)
-        self.tree_caption = QLabel("Prefix tree: no blocks yet", objectName="treeCaption")
+        self.tree_caption = QLabel("Prefix tree: no blocks yet")
+        self.tree_caption.setObjectName("treeCaption")
         self.tree_caption.setTextFormat(Qt.TextFormat.RichText)
         self.tree_caption.setStyleSheet("font-size: 11px;")
         self.tree_caption.setWordWrap(True)  # the view may be as narrow as the map column
         self.tree = PrefixTreeView(self.colors.color)
-        self.detail = QTextBrowser(objectName="runDetail")
+        self.detail = QTextBrowser()
+        self.detail.setObjectName("runDetail")
         self.detail.setPlaceholderText("Select a branch to read the blocks it holds.")
         self.texts = RunTexts(self.tree, self.detail, lambda: self.snapshots, self)
         self.tree.run_selected.connect(self.texts.show_run)
@@ -184,7 +207,8 @@ class RemoteView(QWidget):
         self.body.addWidget(self.side)
         self.body.setStretchFactor(0, 3)
         self.body.setStretchFactor(1, 2)
-        self.tabs = QTabWidget(objectName="remoteTabs")
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("remoteTabs")
         self.tabs.setDocumentMode(True)
         self.pages = QStackedWidget()
         self.pages.addWidget(self.body)
@@ -223,8 +247,9 @@ class RemoteView(QWidget):
         """The timer's tick: read every monitor's snapshot (cheap: copies under a lock)."""
         if not self.isVisible() and self.snapshots:
             return  # a hidden tab redraws when shown (showEvent)
-        snapshots = []
+        snapshots: list[ReplicaSnapshot] = []
         for label, monitor in self.monitors.items():
+            snapshot: ReplicaSnapshot | None
             try:
                 snapshot = monitor.snapshot()
             except Exception:  # one replica's trouble stays on its card (its last good view)

@@ -16,7 +16,7 @@ import math
 from kvscope.app.core.settings import EngineSettings
 from kvscope.engine.model.model_config import ModelConfig
 from kvscope.engine.sizing import planner
-from kvscope.engine.sizing.weight_fit import resolve_for_weights, weight_fit
+from kvscope.engine.sizing.weight_fit import WeightsHeader, resolve_for_weights, weight_fit
 
 GiB = float(1 << 30)
 
@@ -29,7 +29,7 @@ def context_limit(mc: ModelConfig) -> int:
 def build_problems(
     settings: EngineSettings,
     mc: ModelConfig | None,
-    header: tuple[dict, dict] | None,
+    header: WeightsHeader | None,
     freed_bytes: int = 0,
 ) -> list[str]:
     """Sentences, one per problem, for `settings` over a model with this config and weights

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import replace
+from typing import Any
 
 from PySide6.QtCore import Qt, SignalInstance
 from PySide6.QtWidgets import (
@@ -43,6 +44,9 @@ from kvscope.app.desktop.settings.build_check import build_problems, context_lim
 from kvscope.engine.config import knob_of
 from kvscope.engine.cpu_threads import default_num_threads, usable_cpus
 
+# The widget of an engine row: what _value reads and _changed listens to.
+EngineRowWidget = QComboBox | QCheckBox | QSpinBox | QDoubleSpinBox
+
 
 class SettingsDialog(QDialog):
     """Model + engine knobs + chat policy. `result_settings()` after accept gives the new ones."""
@@ -65,7 +69,7 @@ class SettingsDialog(QDialog):
         # Freed once closed: the window is its parent and its accepted slot a lambda over it,
         # so a closed dialog stayed alive (with its picker's header copies) until the window.
         # accepted/finished still reach their slots first: the deletion is deferred.
-        self.setAttribute(Qt.WA_DeleteOnClose)
+        self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self._base = settings
         self._freed_bytes = _freed_bytes(running)
         self._failure = failed[1] if failed else ""
@@ -85,16 +89,18 @@ class SettingsDialog(QDialog):
         # What the user chose, before any model's clamp: a length an earlier dialog lowered
         # comes back from the settings, so a model that allows it gets it again.
         self._wanted_len = _wanted_length(es.max_model_len, settings.wanted_max_model_len)
-        self.context_note = QLabel(objectName="contextNote", wordWrap=True)
+        self.context_note = QLabel(wordWrap=True)
+        self.context_note.setObjectName("contextNote")
         self.max_seqs = QSpinBox(minimum=1, maximum=4096, value=es.max_num_seqs)
-        self.prefix = QCheckBox("reuse cached prompt prefixes", checked=es.enable_prefix_caching)
+        self.prefix = QCheckBox("reuse cached prompt prefixes")
+        self.prefix.setChecked(es.enable_prefix_caching)
         self.allocator = _combo(knob_of("allocator").choices, es.allocator)
         self.quantization = _combo(knob_of("quantization").choices, es.quantization)
         self.threads = QSpinBox(minimum=0, maximum=len(usable_cpus()))
         self.threads.setValue(es.num_threads or 0)
         self.threads.setSpecialValueText(f"automatic ({default_num_threads()})")  # 0: None
         # EngineSettings field -> its row's label and widget, in the form's order.
-        self._engine_rows = {
+        self._engine_rows: dict[str, tuple[str, EngineRowWidget]] = {
             "device": ("Device", self.device),
             "dtype": ("Weights dtype", self.dtype),
             "quantization": ("Weight quantization", self.quantization),
@@ -126,9 +132,11 @@ class SettingsDialog(QDialog):
         chat_form = QFormLayout(chat_box)
         chat_form.addRow("When a chat outgrows the context", self.policy)
 
-        self.error = QLabel(objectName="errorText", wordWrap=True)
-        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
-        buttons.button(QDialogButtonBox.Ok).setText("Apply")
+        self.error = QLabel(wordWrap=True)
+        self.error.setObjectName("errorText")
+        ok, cancel = QDialogButtonBox.StandardButton.Ok, QDialogButtonBox.StandardButton.Cancel
+        buttons = QDialogButtonBox(ok | cancel)
+        buttons.button(ok).setText("Apply")
         buttons.accepted.connect(self._accept)
         buttons.rejected.connect(self.reject)
 
@@ -151,7 +159,10 @@ class SettingsDialog(QDialog):
         self._refresh_prediction()
 
     def engine_settings(self) -> EngineSettings:
-        values = {name: _value(widget) for name, (_, widget) in self._engine_rows.items()}
+        # Each row's value has its field's type (_value), which no one dict type can say.
+        values: dict[str, Any] = {
+            name: _value(widget) for name, (_, widget) in self._engine_rows.items()
+        }
         return EngineSettings(model=self.picker.model_path(), **values)
 
     def result_settings(self) -> AppSettings:
@@ -263,7 +274,7 @@ def _combo(items: tuple, current: object) -> QComboBox:
     return combo
 
 
-def _value(widget: QWidget) -> object:
+def _value(widget: EngineRowWidget) -> object:
     """The value an engine row's widget holds, as EngineSettings takes it."""
     if isinstance(widget, QComboBox):
         return widget.currentData()
@@ -276,7 +287,7 @@ def _value(widget: QWidget) -> object:
     return widget.value()
 
 
-def _changed(widget: QWidget) -> SignalInstance:
+def _changed(widget: EngineRowWidget) -> SignalInstance:
     """The signal an engine row's widget sends when the user changes it."""
     if isinstance(widget, QComboBox):
         return widget.currentIndexChanged

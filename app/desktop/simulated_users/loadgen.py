@@ -61,17 +61,16 @@ DEMO_MAX_USERS = 16
 
 
 def _check_range(name: str, value: object) -> tuple[int, int]:
-    ok = (
+    if (
         isinstance(value, (tuple, list))
         and len(value) == 2
         and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         and 1 <= value[0] <= value[1] <= MAX_TOKENS
+    ):
+        return int(value[0]), int(value[1])
+    raise ValueError(
+        f"{name} must be (min, max) ints with 1 <= min <= max <= {MAX_TOKENS}, got {value!r}"
     )
-    if not ok:
-        raise ValueError(
-            f"{name} must be (min, max) ints with 1 <= min <= max <= {MAX_TOKENS}, got {value!r}"
-        )
-    return int(value[0]), int(value[1])
 
 
 @dataclass(frozen=True)
@@ -148,7 +147,7 @@ def _user_text(rng: random.Random, user: int, k: int, tokens: int) -> str:
     head = f"User {user}, request {k}. "
     question = rng.choice(questions)
     budget = int(tokens * PROSE_CHARS_PER_TOKEN) - len(head) - len(question) - 12
-    notes = []
+    notes: list[str] = []
     while budget > 0 and sum(len(n) + 1 for n in notes) < budget:
         notes.append(rng.choice(questions))
     context = _cut(" ".join(notes), max(budget, 0))

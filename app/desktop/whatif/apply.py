@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TypedDict
 
 from kvscope.app.core.settings import AppSettings
 from kvscope.engine.trace import TraceSettings
@@ -25,6 +26,18 @@ NOT_ENGINE = {
     "rate_scale": "the arrival rate is the traffic's, not the engine's",
     "honour_windows": "releasing sliding-window blocks is always on in the app's engine",
 }
+
+
+class EngineChanges(TypedDict, total=False):
+    """The EngineSettings fields a what-if may move, with their new values."""
+
+    kv_budget_mib: int
+    block_size: int
+    kv_cache_dtype: str
+    max_num_seqs: int
+    max_model_len: int
+    enable_prefix_caching: bool
+    allocator: str
 
 
 @dataclass(frozen=True)
@@ -53,13 +66,13 @@ def plan_apply(
 ) -> ApplyPlan:
     """The settings Apply would adopt for `what` (resolved as `config`)."""
     engine = current.engine
-    fields: dict[str, object] = {}
+    fields: EngineChanges = {}
     problems: list[str] = []
     notes: list[str] = []
-    if what.kv_pool is not None or what.num_blocks is not None:
-        # The pool asked for, not the blocks it came to (a 16 MiB pool of 32-token blocks holds
-        # 15.x MiB of them: the engine sizes a 16 MiB budget the same way).
-        asked = what.kv_pool if what.num_blocks is None else config.pool_bytes
+    # The pool asked for, not the blocks it came to (a 16 MiB pool of 32-token blocks holds
+    # 15.x MiB of them: the engine sizes a 16 MiB budget the same way).
+    asked = what.kv_pool if what.num_blocks is None else config.pool_bytes
+    if asked is not None:  # the pool was changed, as bytes or as blocks
         if recorded.device.startswith("cuda"):
             problems.append(
                 "on CUDA the pool is sized from the GPU memory share (Settings), not in MiB"

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QHBoxLayout,
     QLabel,
+    QLayout,
     QPushButton,
     QSlider,
     QSpinBox,
@@ -51,36 +52,49 @@ class WhatIfControls(QWidget):
         self.settings: TraceSettings | None = None
         self.recorded: SimConfig | None = None
         self._pool_bytes: int | None = None  # None: as recorded
-        self.pool_slider = QSlider(Qt.Orientation.Horizontal, objectName="whatifPool")
+        self.pool_slider = QSlider(Qt.Orientation.Horizontal)
+        self.pool_slider.setObjectName("whatifPool")
         self.pool_slider.setRange(0, knobs.SLIDER_STEPS)
-        self.pool_spin = QDoubleSpinBox(objectName="whatifPoolMiB", suffix=" MiB")
+        self.pool_spin = QDoubleSpinBox(suffix=" MiB")
+        self.pool_spin.setObjectName("whatifPoolMiB")
         self.pool_spin.setRange(0.0001, 1 << 20)
         self.pool_spin.setKeyboardTracking(False)
-        self.pool_note = QLabel(objectName="whatifPoolNote")
+        self.pool_note = QLabel()
+        self.pool_note.setObjectName("whatifPoolNote")
         for w in (self.pool_slider, self.pool_spin, self.pool_note):
             w.setToolTip(POOL_TIP)
-        self.block_size = QComboBox(objectName="whatifBlockSize")
+        self.block_size = QComboBox()
+        self.block_size.setObjectName("whatifBlockSize")
         for size in BLOCK_SIZES:
             self.block_size.addItem(f"{size} tokens", size)
-        self.kv_dtype = QComboBox(objectName="whatifKvDtype")
+        self.kv_dtype = QComboBox()
+        self.kv_dtype.setObjectName("whatifKvDtype")
         self.kv_dtype.setToolTip("The KV cache's element type: fp8 holds twice bfloat16's blocks")
-        self.allocator = QComboBox(objectName="whatifAllocator")
+        self.allocator = QComboBox()
+        self.allocator.setObjectName("whatifAllocator")
         for name in ALLOCATORS:
             self.allocator.addItem(name, name)
         self.allocator.setToolTip("paged: blocks on demand; contiguous: a max-length reservation")
-        self.max_seqs = QSpinBox(objectName="whatifMaxSeqs", minimum=1, maximum=4096)
+        self.max_seqs = QSpinBox(minimum=1, maximum=4096)
+        self.max_seqs.setObjectName("whatifMaxSeqs")
         self.max_seqs.setToolTip("max_num_seqs: sequences batched together at most")
-        self.max_len = QSpinBox(objectName="whatifMaxLen", minimum=2, singleStep=64)
+        self.max_len = QSpinBox(minimum=2, singleStep=64)
+        self.max_len.setObjectName("whatifMaxLen")
         self.max_len.setToolTip("max_model_len: a prompt longer than this is refused")
-        self.prefix = QCheckBox("Prefix caching", objectName="whatifPrefix")
-        self.windows = QCheckBox("Honour sliding windows", objectName="whatifWindows")
-        self.rate_slider = QSlider(Qt.Orientation.Horizontal, objectName="whatifRate")
+        self.prefix = QCheckBox("Prefix caching")
+        self.prefix.setObjectName("whatifPrefix")
+        self.windows = QCheckBox("Honour sliding windows")
+        self.windows.setObjectName("whatifWindows")
+        self.rate_slider = QSlider(Qt.Orientation.Horizontal)
+        self.rate_slider.setObjectName("whatifRate")
         self.rate_slider.setRange(0, knobs.RATE_STEPS)
-        self.rate_label = QLabel("×1.00", objectName="whatifRateLabel")
+        self.rate_label = QLabel("×1.00")
+        self.rate_label.setObjectName("whatifRateLabel")
         self.rate_label.setMinimumWidth(self.rate_label.fontMetrics().horizontalAdvance("×0.00 "))
         for w in (self.rate_slider, self.rate_label):
             w.setToolTip("The same requests arriving this many times as fast (x0.5 to x4)")
-        self.reset = QPushButton("As recorded", objectName="whatifReset")
+        self.reset = QPushButton("As recorded")
+        self.reset.setObjectName("whatifReset")
         self.reset.setToolTip("Every knob back to the recording's value")
         self._layout()
         self._connect()
@@ -96,7 +110,7 @@ class WhatIfControls(QWidget):
         pool.addWidget(self.pool_note)
         grid.addWidget(QLabel("KV pool"), 0, 0)
         grid.addLayout(pool, 0, 1, 1, 5)
-        rows = (
+        rows: tuple[tuple[tuple[str, QWidget | QLayout], ...], ...] = (
             (
                 ("Block size", self.block_size),
                 ("KV dtype", self.kv_dtype),
@@ -184,7 +198,7 @@ class WhatIfControls(QWidget):
                 w.blockSignals(False)
 
     def _reset_clicked(self) -> None:
-        if self.settings is not None:
+        if self.settings is not None and self.recorded is not None:  # set together
             self.set_recording(self.settings, self.recorded)
             self.changed.emit()
 
@@ -201,6 +215,7 @@ class WhatIfControls(QWidget):
         return self.recorded.pool_bytes if self.recorded is not None else 0
 
     def _show_pool(self, pool: int) -> None:
+        assert self.recorded is not None  # the knobs are shown once set_recording has run
         for w in (self.pool_slider, self.pool_spin):
             w.blockSignals(True)
         low, high = knobs.pool_range(self.recorded)
@@ -235,7 +250,7 @@ class WhatIfControls(QWidget):
     # ---- what they come to ---------------------------------------------------------------
     def what(self) -> WhatIf:
         s, recorded = self.settings, self.recorded
-        if s is None:
+        if s is None or recorded is None:  # set together: no recording yet
             return WhatIf()
 
         def unless(value, as_recorded):

@@ -30,6 +30,10 @@ from kvscope.engine.whatif import (
 )
 
 Pause = Callable[[], None]
+# What each kind of job returns (its Outcome's `result`).
+RecordedRun = tuple[SimResult, SimSummary, PoolSeeker, PoolSeeker]
+WhatIfRun = tuple[WhatIf, SimResult, PoolSeeker]
+SweepRun = tuple[str, list[SweepPoint]]
 
 
 def _no_pause() -> None:
@@ -39,6 +43,7 @@ def _no_pause() -> None:
 def warm_seeker(result: SimResult, between_steps: Pause = _no_pause) -> PoolSeeker:
     """A seeker over the run that has been to its last step once (its checkpoints taken), a
     checkpoint's stride at a time with `between_steps` between (see `JobControl`)."""
+    assert result.events is not None  # the jobs below simulate with keep_events=True
     seeker = PoolSeeker(result.config, result.events)
     for step in range(CHECKPOINT_STEPS, seeker.last_step + CHECKPOINT_STEPS, CHECKPOINT_STEPS):
         between_steps()
@@ -46,9 +51,7 @@ def warm_seeker(result: SimResult, between_steps: Pause = _no_pause) -> PoolSeek
     return seeker
 
 
-def replay_recorded(
-    trace: Trace, between_steps: Pause = _no_pause
-) -> tuple[SimResult, SimSummary, PoolSeeker, PoolSeeker]:
+def replay_recorded(trace: Trace, between_steps: Pause = _no_pause) -> RecordedRun:
     """The recorded side: the trace replayed as it ran (its pool at every step), its own
     figures, and two seekers over it (the recorded map's, and the what-if map's while the knobs
     are as recorded)."""
@@ -59,7 +62,7 @@ def replay_recorded(
 
 def simulate_whatif(
     trace: Trace, what: WhatIf, cost: CostModel, between_steps: Pause = _no_pause
-) -> tuple[WhatIf, SimResult, PoolSeeker]:
+) -> WhatIfRun:
     result = simulate(trace, what, cost=cost, keep_events=True, between_steps=between_steps)
     return what, result, warm_seeker(result, between_steps)
 
@@ -69,7 +72,7 @@ class SweepJob:
         self.knob, self.trace, self.points, self.cost = knob, trace, list(points), cost
         self.done: list[SweepPoint] = []  # appended on the runner's thread, in order
 
-    def __call__(self, control: JobControl) -> tuple[str, list[SweepPoint]]:
+    def __call__(self, control: JobControl) -> SweepRun:
         for what in self.points[len(self.done) :]:
             if control.cancelled():
                 break

@@ -116,8 +116,9 @@ def sweep_values(knob: str, settings: TraceSettings, recorded: SimConfig) -> lis
 
 def sweep_whatifs(knob: str, values: list, current: WhatIf) -> list[WhatIf]:
     """The current what-if with `knob` set to each value (a pool as bytes, not blocks)."""
-    extra = {"num_blocks": None} if knob == "kv_pool" else {}
-    return [dataclasses.replace(current, **{knob: value}, **extra) for value in values]
+    if knob == "kv_pool":
+        return [dataclasses.replace(current, kv_pool=value, num_blocks=None) for value in values]
+    return [dataclasses.replace(current, **{knob: value}) for value in values]
 
 
 def sweep_x(knob: str, point: SweepPoint) -> float:

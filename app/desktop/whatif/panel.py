@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import cast
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
@@ -33,9 +34,16 @@ from kvscope.app.desktop.blockmap.panel import banner_style, panel_style
 from kvscope.app.desktop.palette import Palette
 from kvscope.app.desktop.theme import follow_theme
 from kvscope.app.desktop.whatif import knobs, summary
-from kvscope.app.desktop.whatif.apply import plan_apply
+from kvscope.app.desktop.whatif.apply import ApplyPlan, plan_apply
 from kvscope.app.desktop.whatif.controls import WhatIfControls
-from kvscope.app.desktop.whatif.jobs import SweepJob, replay_recorded, simulate_whatif
+from kvscope.app.desktop.whatif.jobs import (
+    RecordedRun,
+    SweepJob,
+    SweepRun,
+    WhatIfRun,
+    replay_recorded,
+    simulate_whatif,
+)
 from kvscope.app.desktop.whatif.run_plots import RunPlots
 from kvscope.app.desktop.whatif.runner import Outcome, SimRunner
 from kvscope.app.desktop.whatif.side import RunSide
@@ -45,6 +53,7 @@ from kvscope.engine.trace import Trace
 from kvscope.engine.whatif import (
     PoolSeeker,
     SimResult,
+    SimSummary,
     WhatIf,
     cost_caveat,
     recorded_config,
@@ -75,7 +84,7 @@ class WhatIfPanel(QWidget):
         self._app_settings = app_settings  # the window's settings now (Apply starts from them)
         self.trace: Trace | None = None
         self.recorded: SimResult | None = None
-        self.recorded_figures = None  # SimSummary of the recorded run, from its trace
+        self.recorded_figures: SimSummary | None = None  # the recorded run's, from its trace
         self.result: SimResult | None = None  # the what-if's run
         self.what = WhatIf()  # the knobs `result` ran under
         self._sweep: SweepJob | None = None  # the sweep in progress or last run
@@ -91,9 +100,11 @@ class WhatIfPanel(QWidget):
 
     # ---- layout ---------------------------------------------------------------------------
     def _build(self) -> None:
-        self.empty_text = QLabel(EMPTY_TEXT, objectName="whatifEmpty", wordWrap=True)
+        self.empty_text = QLabel(EMPTY_TEXT, wordWrap=True)
+        self.empty_text.setObjectName("whatifEmpty")
         self.empty_text.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.empty_refresh = QPushButton("Refresh", objectName="whatifEmptyRefresh")
+        self.empty_refresh = QPushButton("Refresh")
+        self.empty_refresh.setObjectName("whatifEmptyRefresh")
         empty = QWidget()
         empty_layout = QVBoxLayout(empty)
         empty_layout.addStretch(1)
@@ -101,28 +112,38 @@ class WhatIfPanel(QWidget):
         empty_layout.addWidget(self.empty_refresh, 0, Qt.AlignmentFlag.AlignHCenter)
         empty_layout.addStretch(2)
 
-        self.about = QLabel(objectName="whatifAbout", wordWrap=True)
-        self.refresh = QPushButton("Refresh", objectName="whatifRefresh")
+        self.about = QLabel(wordWrap=True)
+        self.about.setObjectName("whatifAbout")
+        self.refresh = QPushButton("Refresh")
+        self.refresh.setObjectName("whatifRefresh")
         self.refresh.setToolTip("Take the engine's traffic again, with what it did since")
-        self.note = QLabel(objectName="whatifNote", wordWrap=True)
+        self.note = QLabel(wordWrap=True)
+        self.note.setObjectName("whatifNote")
         self.note.setVisible(False)
-        self.waiting = QLabel(WAITING_TEXT, objectName="whatifWaiting", wordWrap=True)
+        self.waiting = QLabel(WAITING_TEXT, wordWrap=True)
+        self.waiting.setObjectName("whatifWaiting")
         self.waiting.setVisible(False)
         self.controls = WhatIfControls()
-        self.apply = QPushButton("Apply these settings", objectName="whatifApply")
+        self.apply = QPushButton("Apply these settings")
+        self.apply.setObjectName("whatifApply")
         self.apply.setEnabled(False)
-        self.apply_note = QLabel(objectName="whatifApplyNote", wordWrap=True)
+        self.apply_note = QLabel(wordWrap=True)
+        self.apply_note.setObjectName("whatifApplyNote")
         self.apply_note.setVisible(False)
-        self.error_label = QLabel(objectName="whatifError", wordWrap=True)
+        self.error_label = QLabel(wordWrap=True)
+        self.error_label.setObjectName("whatifError")
         self.error_label.setVisible(False)
-        self.headline = QLabel(objectName="whatifHeadline", wordWrap=True)
+        self.headline = QLabel(wordWrap=True)
+        self.headline.setObjectName("whatifHeadline")
         self.headline.setTextFormat(Qt.TextFormat.RichText)
         self.recorded_side, self.whatif_side = RunSide(recorded=True), RunSide(recorded=False)
         self.timeline = Timeline()
-        self.figures = QLabel(objectName="whatifFigures", wordWrap=True)
+        self.figures = QLabel(wordWrap=True)
+        self.figures.setObjectName("whatifFigures")
         self.figures.setTextFormat(Qt.TextFormat.RichText)
         self.figures.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        self.cost_line = QLabel(objectName="whatifCost", wordWrap=True)
+        self.cost_line = QLabel(wordWrap=True)
+        self.cost_line.setObjectName("whatifCost")
         self.plots = RunPlots()
         self.sweep_view = SweepView()
 
@@ -146,13 +167,16 @@ class WhatIfPanel(QWidget):
         top_layout.addWidget(self.headline)
         top_layout.addLayout(maps, 1)
         top_layout.addWidget(self.timeline)
-        figures_page = QWidget(objectName="whatifFiguresPage")
+        figures_page = QWidget()
+        figures_page.setObjectName("whatifFiguresPage")
         figures_layout = QHBoxLayout(figures_page)  # the table, and beside it the cost model
         figures_layout.addWidget(self.figures)
         figures_layout.addWidget(self.cost_line, 1, Qt.AlignmentFlag.AlignTop)
-        figures = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        figures = QScrollArea(widgetResizable=True)
+        figures.setFrameShape(QFrame.Shape.NoFrame)
         figures.setWidget(figures_page)
-        self.tabs = QTabWidget(objectName="whatifTabs", documentMode=True)
+        self.tabs = QTabWidget(documentMode=True)
+        self.tabs.setObjectName("whatifTabs")
         self.tabs.addTab(self.plots, "Over time")
         self.tabs.addTab(figures, "Figures")
         self.tabs.addTab(self.sweep_view, "Sweep")
@@ -232,15 +256,18 @@ class WhatIfPanel(QWidget):
                 self.sweep_view.set_points(job.knob, job.done, self._current_x(job.knob))
             elif outcome.error:
                 self.sweep_view.set_error(outcome.error)
-            else:
-                knob, points = outcome.result
+            else:  # the outcome's kind says which job's result it holds
+                knob, points = cast(SweepRun, outcome.result)
                 self.sweep_view.set_points(knob, points, self._current_x(knob))
             return
         if outcome.error:
             self._show_error(outcome.error)
             return
         if outcome.kind == "recorded":
-            self.recorded, self.recorded_figures, seeker, self._as_recorded = outcome.result
+            run = cast(RecordedRun, outcome.result)
+            self.recorded, self.recorded_figures, seeker, self._as_recorded = run
+            # A current outcome is of the trace set last (set_trace cancels the older ones).
+            assert self.trace is not None
             notes = [summary.completeness_note(self.trace), summary.self_replay_note(self.recorded)]
             self.note.setText(" ".join(n for n in notes if n))
             self.note.setVisible(any(notes))
@@ -251,7 +278,7 @@ class WhatIfPanel(QWidget):
             if peak is not None:  # start where the pool was fullest
                 self.timeline.set_time(peak.time + peak.duration)
             return
-        what, result, seeker = outcome.result
+        what, result, seeker = cast(WhatIfRun, outcome.result)
         self._show_whatif(what, result, seeker)
 
     # ---- the what-if ----------------------------------------------------------------------
@@ -287,7 +314,7 @@ class WhatIfPanel(QWidget):
         self.apply.setToolTip(f"Cannot apply: {message}")
         self._show_runs()
 
-    def _show_whatif(self, what: WhatIf, result: SimResult, seeker: PoolSeeker) -> None:
+    def _show_whatif(self, what: WhatIf, result: SimResult, seeker: PoolSeeker | None) -> None:
         self.what, self.result, self.error = what, result, ""
         self.error_label.setVisible(False)
         self.whatif_side.set_run(result, summary.side_caption(False, result.config, what), seeker)
@@ -298,7 +325,7 @@ class WhatIfPanel(QWidget):
 
     def _show_runs(self) -> None:
         """Plots, figures, headline and the time axis for the runs as they are now."""
-        if self.recorded is None:
+        if self.recorded is None or self.recorded_figures is None:  # set together
             return
         sides = (self.recorded_side, self.whatif_side)
         until = max(side.end_time for side in sides)
@@ -323,7 +350,7 @@ class WhatIfPanel(QWidget):
         self.plots.set_cursor(t)
 
     # ---- apply ----------------------------------------------------------------------------
-    def _plan(self):
+    def _plan(self) -> ApplyPlan | None:
         if self.result is None or self.trace is None:
             return None
         return plan_apply(self.what, self.result.config, self.trace.settings, self._app_settings())

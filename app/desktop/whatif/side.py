@@ -40,12 +40,15 @@ def step_index_at(ends: list[float], t: float) -> int:
 
 class _Figure(QFrame):
     def __init__(self, caption: str) -> None:
-        super().__init__(objectName="tile")
+        super().__init__()
+        self.setObjectName("tile")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(5, 3, 5, 4)
         layout.setSpacing(0)
-        self.caption = QLabel(caption, objectName="caption")
-        self.value = QLabel("–", objectName="value")
+        self.caption = QLabel(caption)
+        self.caption.setObjectName("caption")
+        self.value = QLabel("–")
+        self.value.setObjectName("value")
         for w in (self.caption, self.value):
             w.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
             w.setMinimumWidth(1)
@@ -100,7 +103,11 @@ class RunSide(QWidget):
             for figure in self.figures.values():
                 figure.value.setText("–")
             return
-        self.seeker = seeker or PoolSeeker(result.config, result.events)
+        if seeker is None:
+            # The panel's runs are all simulated with keep_events=True (whatif/jobs.py).
+            assert result.events is not None
+            seeker = PoolSeeker(result.config, result.events)
+        self.seeker = seeker
         self._ends = [s.time + s.duration for s in result.steps]
 
     def set_caption(self, caption: str) -> None:

@@ -43,12 +43,15 @@ class SweepView(QWidget):
 
     def __init__(self, parent: QWidget | None = None, columns: int = 2) -> None:
         super().__init__(parent)
-        self.knob = QComboBox(objectName="whatifSweepKnob")
+        self.knob = QComboBox()
+        self.knob.setObjectName("whatifSweepKnob")
         for key, (label, _axis) in knobs.SWEEPS.items():
             self.knob.addItem(label, key)
-        self.run = QPushButton("Run sweep", objectName="whatifSweep")
+        self.run = QPushButton("Run sweep")
+        self.run.setObjectName("whatifSweep")
         self.run.setToolTip("Simulate this trace at ~8-20 values of the knob, the rest as set")
-        self.status = QLabel("", objectName="whatifSweepStatus", wordWrap=True)
+        self.status = QLabel("", wordWrap=True)
+        self.status.setObjectName("whatifSweepStatus")
         self.graphs = pg.GraphicsLayoutWidget(show=False)
         self.plots: list[pg.PlotItem] = []
         self.curves: list[pg.PlotDataItem] = []

@@ -4,6 +4,9 @@ gguf.GGUFReader builds a numpy view for every metadata element, which takes seco
 49k-token vocabulary. Here the file is walked with `struct` over an mmap in tight loops instead.
 Every count and length is checked against the bytes left before it is used, so a corrupt file
 fails fast with a ValueError naming it rather than looping or allocating without bound.
+
+`read_gguf_header` parses the same way over a file read on demand (`GGUFBytes`: HTTP Range reads
+of a file on a hub), reading a growing prefix until the header parses; no tensor data is read.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
@@ -28,6 +31,9 @@ MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp never writes more
 MAX_ARRAY_DEPTH = 8  # real files nest at most once; deeper only exhausts the recursion limit
 MIN_TENSOR_INFO_SIZE = 8 + 4 + 4 + 8  # empty name, n_dims, type, offset
 MIN_KV_SIZE = 8 + 4 + 1  # empty key, type, a one-byte value
+# A header is the metadata (the tokenizer: 1-10 MB for real vocabularies) and the tensor list;
+# the prefix read starts here and doubles, so at most twice the header is ever read.
+FIRST_HEADER_READ = 256 << 10
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -67,7 +73,8 @@ class GGUFTensor:
     name: str
     qtype: GGMLQuantizationType
     shape: tuple[int, ...]  # numpy order, outermost first (the file lists dims innermost first)
-    data: np.ndarray  # read-only view of the file, as GGUFReader gives it to gguf.quants
+    data: np.ndarray  # read-only view of the file, as GGUFReader gives it to gguf.quants;
+    # empty (size 0) from read_gguf_header, which reads no tensor data
     offset: int = 0  # where its bytes start in the file
     nbytes: int = 0
 
@@ -82,7 +89,7 @@ class GGUFFile:
     data_offset: int  # where tensor data starts; tensor offsets are relative to it
 
 
-def read_gguf(path: str | os.PathLike) -> GGUFFile:
+def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     """Parse a little-endian GGUF v2/v3 file. Raises ValueError naming `path` if it is not one."""
     path = Path(path)
     with open(path, "rb") as f:
@@ -93,9 +100,45 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     return _Parser(path, buf).parse()
 
 
+class GGUFBytes(Protocol):
+    """A file read on demand: its size, and the bytes of a slice of it (HTTP Range reads)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, key: slice, /) -> bytes: ...
+
+
+def read_gguf_header(
+    source: GGUFBytes, name: str, first_read: int = FIRST_HEADER_READ
+) -> GGUFFile:
+    """Parse the header of the GGUF file `source` reads, reading a prefix of `first_read` bytes
+    and doubling it until the header parses; every tensor's `data` is empty. Raises ValueError
+    naming `name` if the file is not one."""
+    path, size = Path(name), len(source)
+    if size < HEADER_SIZE:
+        raise ValueError(f"{path}: {size} bytes is too short for a GGUF header")
+    prefix = b""
+    want = min(size, max(first_read, HEADER_SIZE))
+    while True:
+        prefix += source[len(prefix) : want]
+        if len(prefix) != want:
+            raise ValueError(f"{path}: asked for bytes up to {want}, got {len(prefix)}")
+        try:
+            return _Parser(path, prefix, size).parse()
+        except _PrefixTooShort:
+            want = min(size, 2 * want)
+
+
+class _PrefixTooShort(Exception):
+    """The header runs past the prefix read so far (read_gguf_header reads more)."""
+
+
 class _Parser:
-    def __init__(self, path: Path, buf: mmap.mmap) -> None:
-        self.path, self.buf, self.size, self.pos = path, buf, len(buf), 0
+    def __init__(self, path: Path, buf: mmap.mmap | bytes, file_size: int | None = None) -> None:
+        # Given the whole file's size, `buf` is a prefix of it and only the header is parsed.
+        self.path, self.buf, self.pos = path, buf, 0
+        self.header_only = file_size is not None
+        self.size = len(buf) if file_size is None else file_size
 
     def fail(self, what: str) -> ValueError:
         return ValueError(f"{self.path}: {what} (at byte {self.pos} of {self.size})")
@@ -135,6 +178,8 @@ class _Parser:
         """Advance past n bytes that must exist; returns where they start."""
         if n > self.size - self.pos:
             raise self.fail(f"truncated: {n} bytes needed, {self.size - self.pos} left")
+        if self.pos + n > len(self.buf):
+            raise _PrefixTooShort
         start, self.pos = self.pos, self.pos + n
         return start
 
@@ -143,10 +188,12 @@ class _Parser:
             raise self.fail(f"{count} {what} cannot fit in the {self.size - self.pos} bytes left")
 
     def u32(self) -> int:
-        return _U32.unpack_from(self.buf, self.take(4))[0]
+        value: int = _U32.unpack_from(self.buf, self.take(4))[0]
+        return value
 
     def u64(self) -> int:
-        return _U64.unpack_from(self.buf, self.take(8))[0]
+        value: int = _U64.unpack_from(self.buf, self.take(8))[0]
+        return value
 
     def string(self) -> str:
         n = self.u64()
@@ -184,7 +231,7 @@ class _Parser:
     def strings(self, count: int) -> list[str]:
         """The hot loop (the whole vocabulary and merge list), so it keeps to local names."""
         self.check_count(count, 8, "strings")
-        buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
+        buf, pos, size, unpack = self.buf, self.pos, len(self.buf), _U64.unpack_from
         out: list[str] = []
         append = out.append
         try:
@@ -201,6 +248,8 @@ class _Parser:
             self.pos = pos
             raise self.fail(f"string {len(out)} of an array is not UTF-8: {e}") from e
         self.pos = pos
+        if len(out) < count and len(buf) < self.size:
+            raise _PrefixTooShort
         if len(out) < count:
             raise self.fail(f"truncated: string {len(out)} of {count} runs past the end")
         return out
@@ -241,5 +290,8 @@ class _Parser:
             raise self.fail(
                 f"tensor {name!r} ({n_bytes} bytes at {start}) runs past the end of the file"
             )
-        data = np.frombuffer(self.buf, dtype, count, start).reshape(data_shape)
+        if self.header_only:
+            data = np.empty(0, dtype)
+        else:
+            data = np.frombuffer(self.buf, dtype, count, start).reshape(data_shape)
         return GGUFTensor(name, qtype, shape, data, start, n_bytes)

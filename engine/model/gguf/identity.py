@@ -24,7 +24,7 @@ GUESSED_BIT = int(LlamaFileType.GUESSED)  # llama.cpp's "not from the file" flag
 NAME_KEYS = ("general.name", "general.basename", "general.finetune", "general.type")
 
 
-def is_gguf_file(path: str | os.PathLike) -> bool:
+def is_gguf_file(path: str | os.PathLike[str]) -> bool:
     """A .gguf file, or any file that starts with the GGUF magic (an Ollama blob)."""
     path = Path(path)
     try:
@@ -38,7 +38,7 @@ def is_gguf_file(path: str | os.PathLike) -> bool:
         return False
 
 
-def file_type_label(metadata: Mapping) -> str:
+def file_type_label(metadata: Mapping[str, object]) -> str:
     """`general.file_type` as llama.cpp names it ("Q4_K_M", "F16"); "" when absent or unknown."""
     value = metadata.get("general.file_type")
     if not isinstance(value, int) or isinstance(value, bool) or value & GUESSED_BIT:
@@ -50,7 +50,7 @@ def file_type_label(metadata: Mapping) -> str:
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
-def dominant_layer_type(shapes: Mapping[str, tuple], kinds: Mapping[str, str]) -> str:
+def dominant_layer_type(shapes: Mapping[str, tuple[int, ...]], kinds: Mapping[str, str]) -> str:
     """The storage type holding most elements of the layer matrices (not the embedding or
     the head, which llama.cpp's recipes keep at another type, nor the F32 norms)."""
     elements: Counter[str] = Counter()
@@ -68,7 +68,7 @@ def dominant_layer_type(shapes: Mapping[str, tuple], kinds: Mapping[str, str]) -
 
 
 def quantization_label(
-    metadata: Mapping, shapes: Mapping[str, tuple], kinds: Mapping[str, str]
+    metadata: Mapping[str, object], shapes: Mapping[str, tuple[int, ...]], kinds: Mapping[str, str]
 ) -> tuple[str, str]:
     """(label, where it came from): the file's own type, else its layers' dominant type."""
     own = file_type_label(metadata)
@@ -80,6 +80,6 @@ def quantization_label(
     return "", "no general.file_type and no weight matrices"
 
 
-def name_fields(metadata: Mapping) -> dict[str, str]:
+def name_fields(metadata: Mapping[str, object]) -> dict[str, str]:
     """The naming fields the file has, as strings (general.name, basename, finetune, type)."""
     return {k: str(metadata[k]) for k in NAME_KEYS if isinstance(metadata.get(k), (str, int))}

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from io import BufferedReader
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from gguf.constants import GGML_QUANT_SIZES
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from kvscope.engine.memory.model_too_large import ModelTooLargeError
 from kvscope.engine.model import gemma3_config
@@ -73,7 +75,11 @@ NORM_SHIFTED_ARCHITECTURES = ("gemma3",)
 ROPE_FREQS = "rope_freqs.weight"
 # Rows decoded per step: bounds the numpy scratch of one conversion (~16 MiB of codes).
 CHUNK_ELEMENTS = 1 << 24
-_DENSE_NUMPY = {Q.F32: np.dtype("<f4"), Q.F16: np.dtype("<f2"), Q.BF16: np.dtype("<u2")}
+_DENSE_NUMPY: dict[Q, np.dtype[np.generic]] = {
+    Q.F32: np.dtype("<f4"),
+    Q.F16: np.dtype("<f2"),
+    Q.BF16: np.dtype("<u2"),
+}
 
 
 def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> LoadedModel:
@@ -158,17 +164,17 @@ class GGUFSource:
                 return finish(tensor, name, quantization, dtype)
             return finish(self._quantized(f, t), name, quantization, dtype)
 
-    def _quantized(self, f, t: GGUFTensor) -> QuantizedTensor:
+    def _quantized(self, f: BufferedReader, t: GGUFTensor) -> QuantizedTensor:
         n, k = t.shape
         block, type_size = GGML_QUANT_SIZES[t.qtype]
         row_bytes = k // block * type_size
         order = self.row_orders.get(t.name)
-        whole = None
+        whole: npt.NDArray[np.uint8] | None = None
         if order is not None:  # a permuted q/k matrix: read it whole, reorder its rows
             whole = read_exact(f, t.offset, t.nbytes).reshape(n, row_bytes)[order]
         step = max(1, CHUNK_ELEMENTS // k)
         parts: dict[str, torch.Tensor | None] = {}
-        meta: dict = {}
+        meta: dict[str, object] = {}
         for start in range(0, n, step):
             stop = min(n, start + step)
             if whole is not None:
@@ -190,16 +196,19 @@ class GGUFSource:
             for key, value in parts.items():
                 if value is not None:
                     value[start:stop] = torch.from_numpy(chunk[key].astype(value.numpy().dtype))
+        arrays: dict[str, np.ndarray | None] = {}
         # Scales were gathered in float32 across chunks; narrowed once, as one decode would.
         for key in ("d", "dmin"):
-            parts[key] = _halves_or_f32(parts[key].numpy())
+            scales = parts[key]
+            assert scales is not None  # every block format has both (decode_blocks)
+            arrays[key] = _halves_or_f32(scales.numpy())
         for key in ("codes", "sub_scale", "sub_min"):
-            if parts[key] is not None:
-                parts[key] = parts[key].numpy()
-        return to_quantized_tensor({**parts, **meta}, (n, k), t.qtype.name)
+            gathered = parts[key]
+            arrays[key] = None if gathered is None else gathered.numpy()
+        return to_quantized_tensor({**arrays, **meta}, (n, k), t.qtype.name)
 
 
-def _torch_dtype(dt) -> torch.dtype:
+def _torch_dtype(dt: npt.DTypeLike) -> torch.dtype:
     return {
         np.dtype(np.uint8): torch.uint8,
         np.dtype(np.int8): torch.int8,
@@ -214,7 +223,7 @@ def _architecture(metadata: dict[str, Any], path: Path) -> str:
             f"{path}: GGUF architecture {arch!r} is not supported (supported: "
             f"{', '.join(SUPPORTED_ARCHITECTURES)})"
         )
-    return arch
+    return str(arch)
 
 
 def _rope_row_orders(gguf_file: GGUFFile, arch: str) -> dict[str, np.ndarray]:
@@ -262,7 +271,7 @@ def _config(
     rope_freqs: np.ndarray | None,
     path: Path,
 ) -> ModelConfig:
-    def meta(key: str, default=None):
+    def meta(key: str, default: object = None) -> Any:  # a header value: int, float, str...
         value = metadata.get(f"{arch}.{key}", default)
         if value is None:
             raise ValueError(f"{path}: GGUF metadata lacks {arch}.{key}")
@@ -325,7 +334,9 @@ def _config(
     return config
 
 
-def _tokenizer(metadata: dict[str, Any], path: Path, progress=None):
+def _tokenizer(
+    metadata: dict[str, Any], path: Path, progress: Callable[[str], None] | None = None
+) -> PreTrainedTokenizerBase:
     def announce() -> None:
         if progress is not None:
             count = len(metadata.get("tokenizer.ggml.tokens", []))
@@ -340,11 +351,11 @@ def _tokenizer(metadata: dict[str, Any], path: Path, progress=None):
     return tokenizer
 
 
-def convert_tokenizer(metadata: dict[str, Any], path: Path):
+def convert_tokenizer(metadata: dict[str, Any], path: Path) -> PreTrainedTokenizerBase:
     """transformers' conversion of the file's tokenizer (seconds: it re-reads the whole file)."""
     try:
         # Never a model's own code: a folder can carry an auto_map and a .py beside the file.
-        tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
             str(path.parent), gguf_file=path.name, trust_remote_code=False
         )
     except MemoryError as e:  # not the file's fault: say so, not "cannot build a tokenizer"

@@ -9,16 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 
 def gguf_rope_scaling(
     metadata: dict[str, Any],
     arch: str,
-    rope_freqs: np.ndarray | None,
+    rope_freqs: npt.NDArray[np.float32] | None,
     rope_theta: float,
     head_dim: int,
     path: Path,
-) -> dict | None:
+) -> dict[str, Any] | None:
     """HF-style rope_scaling from the GGUF metadata, or from the llama3 `rope_freqs` tensor."""
     if rope_freqs is not None:
         return _llama3_from_rope_freqs(rope_freqs, rope_theta, head_dim, path)
@@ -27,7 +28,10 @@ def gguf_rope_scaling(
         return None
     if kind not in ("linear", "yarn"):
         raise ValueError(f"{path}: rope scaling type {kind!r} is not supported")
-    scaling = {"rope_type": kind, "factor": float(metadata.get(f"{arch}.rope.scaling.factor"))}
+    factor = metadata.get(f"{arch}.rope.scaling.factor")
+    if factor is None:
+        raise ValueError(f"{path}: GGUF metadata lacks {arch}.rope.scaling.factor")
+    scaling: dict[str, Any] = {"rope_type": kind, "factor": float(factor)}
     original = metadata.get(f"{arch}.rope.scaling.original_context_length")
     if original is not None:
         scaling["original_max_position_embeddings"] = int(original)
@@ -35,8 +39,8 @@ def gguf_rope_scaling(
 
 
 def _llama3_from_rope_freqs(
-    factors: np.ndarray, rope_theta: float, head_dim: int, path: Path
-) -> dict | None:
+    factors: npt.NDArray[np.float32], rope_theta: float, head_dim: int, path: Path
+) -> dict[str, Any] | None:
     """Recover HF's llama3 rope_scaling from the per-frequency divisors llama.cpp stores.
 
     llama.cpp keeps 1 for high frequencies, `factor` for low ones, and 1/((1-s)/factor + s) in
@@ -72,7 +76,9 @@ def _llama3_from_rope_freqs(
     return scaling
 
 
-def _llama3_rope_divisors(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:
+def _llama3_rope_divisors(
+    inv_freq: npt.NDArray[np.float64], scaling: dict[str, Any]
+) -> npt.NDArray[np.float64]:
     """What llama.cpp's converter stores in `rope_freqs` for a llama3 rope_scaling dict."""
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
     original = scaling["original_max_position_embeddings"]

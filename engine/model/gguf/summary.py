@@ -28,7 +28,7 @@ class GGUFSummary:
     names: dict[str, str] = field(default_factory=dict)  # general.name, basename, finetune, type
 
 
-def summarize_gguf(path: str | os.PathLike) -> GGUFSummary:
+def summarize_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
     """The header's summary; raises whatever a damaged or unsupported file raises."""
     gguf_file = read_gguf(path)
     gguf_config(gguf_file)  # a file the engine cannot size says why here, not at load

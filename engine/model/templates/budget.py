@@ -19,8 +19,13 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from jinja2.utils import Namespace
+
+if TYPE_CHECKING:
+    from _typeshed import TraceFunction
 
 DEFAULT_SECONDS = 2.0
 DEFAULT_CHARS = 1_000_000
@@ -105,7 +110,7 @@ class Budget:
                 )
 
     # ---- the trace -----------------------------------------------------------------------
-    def _trace_call(self, frame, event, arg):
+    def _trace_call(self, frame: FrameType, event: str, arg: object) -> TraceFunction | None:
         self._events += 1
         if self._events % _TIME_CHECK_EVERY == 0:
             self.check_time()
@@ -113,7 +118,7 @@ class Budget:
             return self._trace_line
         return None
 
-    def _trace_line(self, frame, event, arg):
+    def _trace_line(self, frame: FrameType, event: str, arg: object) -> TraceFunction:
         self._events += 1
         if self._events % _TIME_CHECK_EVERY == 0:
             self.check_time()
@@ -126,7 +131,7 @@ class Budget:
         sys.settrace(self._trace_call)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         sys.settrace(self._previous_trace)  # a debugger's or coverage's tracer comes back
         _active.budget = None
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import jinja2
 import jinja2.ext
@@ -38,8 +40,12 @@ from kvscope.engine.model.templates.checks import (
     check_strftime,
 )
 
+if TYPE_CHECKING:
+    from jinja2.parser import Parser
+    from jinja2.runtime import Context
 
-class BoundedBuffer(list):
+
+class BoundedBuffer(list[object]):
     """A macro's or block's output, refused once it holds more characters than the budget."""
 
     __slots__ = ("chars",)
@@ -48,16 +54,16 @@ class BoundedBuffer(list):
         super().__init__()
         self.chars = 0
 
-    def append(self, item) -> None:
+    def append(self, item: object) -> None:
         self._count((item,))
         super().append(item)
 
-    def extend(self, items) -> None:
+    def extend(self, items: Iterable[object]) -> None:
         items = tuple(items)
         self._count(items)
         super().extend(items)
 
-    def _count(self, items) -> None:
+    def _count(self, items: Iterable[object]) -> None:
         self.chars += sum(len(i) for i in items if isinstance(i, str))
         budget = current()
         if budget is not None:
@@ -92,32 +98,32 @@ class GenerationTag(jinja2.ext.Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser):
+    def parse(self, parser: Parser) -> nodes.Node:
         lineno = next(parser.stream).lineno
-        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         call = self.call_method("_generation_support")
         return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
 
-    def _generation_support(self, caller) -> str:
+    def _generation_support(self, caller: Callable[[], str]) -> str:
         return caller()
 
 
 class TemplateNamespace(jinja2.utils.Namespace):
     """transformers' namespace: no underscore-prefixed attributes (CPython internals)."""
 
-    def __init__(*args, **kwargs):  # noqa: N805 - jinja's Namespace signature trick
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - jinja's Namespace trick
         self, args = args[0], args[1:]
         attrs = dict(*args, **kwargs)
         for name in attrs:
             TemplateNamespace._check_name(name)
         jinja2.utils.Namespace.__init__(self, attrs)
 
-    def __setitem__(self, name, value):
+    def __setitem__(self, name: str, value: Any) -> None:
         TemplateNamespace._check_name(name)
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
     @staticmethod
-    def _check_name(name):
+    def _check_name(name: object) -> None:
         if isinstance(name, str) and name.startswith("_"):
             raise jinja2.exceptions.SecurityError(
                 "Chat templates cannot store underscore-prefixed attributes on a namespace, "
@@ -128,39 +134,47 @@ class TemplateNamespace(jinja2.utils.Namespace):
 class TemplateDict:
     """transformers' `dict`: a callable without dict's class attributes."""
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[object, object]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args, **kwargs):
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[object, object]:
         return dict.fromkeys(*args, **kwargs)
 
 
-def raise_exception(message):
+def raise_exception(message: str) -> NoReturn:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+def tojson(
+    x: object,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # transformers' override: no HTML escaping, and json.dumps' options.
     return json.dumps(
         x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
 
 
-def strftime_now(format):  # noqa: A002 - the name templates call it with
+def strftime_now(format: str) -> str:  # noqa: A002 - the name templates call it with
     budget = current()
     if budget is not None:
         check_strftime(budget, format, [], {})
     return datetime.now().strftime(format)
 
 
-def lipsum(n=5, html=True, min=20, max=100):  # noqa: A002 - jinja's own parameter names
+def lipsum(  # noqa: A002 - jinja's own parameter names
+    n: int = 5, html: bool = True, min: int = 20, max: int = 100
+) -> str:
     budget = current()
     if budget is not None:
         check_lipsum(budget, n, [html, min, max], {})
     return generate_lorem_ipsum(n, html, min, max)
 
 
-def _bounded_filter(name: str, fn):
+def _bounded_filter(name: str, fn: Callable[..., Any]) -> Callable[..., object]:
     """`fn` with its pre-check (if any) and a check of what it returns."""
     pass_arg = _PassArg.from_obj(fn)
     skip = 0 if pass_arg is None else 1  # jinja passes a context or environment first
@@ -168,7 +182,7 @@ def _bounded_filter(name: str, fn):
     what = f"the {name!r} filter's result"
 
     @functools.wraps(fn)
-    def bounded(*args, **kwargs):
+    def bounded(*args: Any, **kwargs: Any) -> object:
         budget = current()
         if budget is None or len(args) <= skip:
             return fn(*args, **kwargs)
@@ -209,20 +223,20 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         return BoundedBuffer()
 
     @staticmethod
-    def concat_parts(parts: tuple) -> tuple:
+    def concat_parts(parts: tuple[object, ...]) -> tuple[object, ...]:
         budget = current()
         if budget is not None:
             budget.check_text(parts, "a '~' result")
         return parts
 
     @staticmethod
-    def _measure_output(value):
+    def _measure_output(value: object) -> object:
         budget = current()
         if budget is not None and not isinstance(value, str):
             budget.check_text([value], "a value written by {{ }}")
         return value
 
-    def call_binop(self, context, operator: str, left, right):
+    def call_binop(self, context: Context, operator: str, left: object, right: object) -> object:
         budget = current()
         if budget is None:
             return super().call_binop(context, operator, left, right)
@@ -231,7 +245,9 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             super().call_binop(context, operator, left, right), f"a {operator!r} result"
         )
 
-    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - the sandbox's names
+    def call(  # noqa: N805 - the sandbox's names
+        __self, __context: Context, __obj: object, *args: Any, **kwargs: Any
+    ) -> object:
         budget = current()
         if budget is None:
             return super().call(__context, __obj, *args, **kwargs)

@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["COMPLETION_STOP", "is_completion_template"]
 
@@ -114,7 +118,9 @@ def builtin_chat_template(architecture: str) -> str | None:
     return BUILTIN_TEMPLATES.get(architecture)
 
 
-def ensure_chat_template(tokenizer, architecture: str, names: Iterable[str] = ()) -> bool:
+def ensure_chat_template(
+    tokenizer: PreTrainedTokenizerBase, architecture: str, names: Iterable[str] = ()
+) -> bool:
     """Give `tokenizer` a template if it has none: the plain transcript for what `names` mark as
     a base model, else the family's built-in one; True if one was set."""
     if getattr(tokenizer, "chat_template", None):

@@ -84,8 +84,8 @@ def test_bubbles_fit_the_chat_column_at_every_width(window_with_code, qtbot, the
         for bubble in bubbles:
             _cursor_to_the_longest_line(bubble.body)
         _settle(qtbot)
-        viewport = chat.scroll.viewport()
-        outer = chat.scroll.horizontalScrollBar()
+        viewport = chat.message_scroll.viewport()
+        outer = chat.message_scroll.horizontalScrollBar()
         assert (outer.value(), outer.maximum()) == (0, 0), f"{width}: the column scrolls sideways"
         assert chat.messages.width() == viewport.width()
         for bubble in bubbles:
@@ -142,7 +142,7 @@ def test_entering_edit_mode_does_not_move_the_chat(window_with_code, qtbot):
     window.resize(1024, 700)
     _settle(qtbot)
     chat = window.chat
-    bar = chat.scroll.verticalScrollBar()
+    bar = chat.message_scroll.verticalScrollBar()
     assert bar.maximum() > 0
     bar.setValue(bar.maximum() // 2)
     _settle(qtbot)
@@ -151,7 +151,12 @@ def test_entering_edit_mode_does_not_move_the_chat(window_with_code, qtbot):
         bubbles = [
             b.mapTo(chat, QPoint(0, 0)).toTuple() + b.size().toTuple() for b in chat.bubbles()
         ]
-        return window.splitter.sizes(), chat.scroll.geometry().getRect(), bar.value(), bubbles
+        return (
+            window.splitter.sizes(),
+            chat.message_scroll.geometry().getRect(),
+            bar.value(),
+            bubbles,
+        )
 
     before = layout()
     user = chat.bubbles()[0]
