@@ -21,7 +21,7 @@ TOOL_APT_PKGS := nsis xvfb xdotool
 TORCH_SPEC := $(shell nvidia-smi >/dev/null 2>&1 && echo "torch" || echo "torch==2.13.0")
 
 .PHONY: setup run test test-aot test-fast lint bench peer clean qt-libs apt-tools package package-test \
-	vllm-wheel bench-vllm-client
+	vllm-wheel bench-vllm-client client-venv
 
 setup: $(STAMP)
 
@@ -72,8 +72,19 @@ run: setup
 # serial run would leave a core idle. Measured on the 2-core dev machine, quiet: the whole suite
 # in 12 min 12 s with two workers. TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
-test: setup lint vllm-wheel
+test: setup lint vllm-wheel client-venv
 	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile
+
+# Agent frameworks as users run them, unmodified, in a venv of their own (their pins are not
+# ours): tests/app/serve/test_agent_clients.py drives `kvscope serve` through them.
+CLIENT_VENV := .cache/clients/venv
+CLIENT_PINS := "pydantic-ai-slim[openai]==2.78.0"
+client-venv: $(CLIENT_VENV)/.ok
+
+$(CLIENT_VENV)/.ok: Makefile
+	python3 -m venv $(CLIENT_VENV)
+	$(CLIENT_VENV)/bin/pip install -q $(CLIENT_PINS)
+	@touch $@
 
 # vLLM's released wheel (~330 MB) and source release (~47 MB, for its example subscriber and test
 # client), for the conformance tests that run vLLM's own code against ours (tests/vllm_code.py):
@@ -130,7 +141,7 @@ test-aot: setup
 	KVSCOPE_AOT_ALL=1 $(PYTEST) -q tests/kernels/test_triton_aot.py
 
 # The inner loop: lint, then everything but the tests marked slow, stopping at the first failure.
-test-fast: setup lint vllm-wheel
+test-fast: setup lint vllm-wheel client-venv
 	$(PYTEST) -q -x -m "not slow"
 
 # mypy reads app/, engine/ and kernels/ as the kvscope namespace through links under build/ (it

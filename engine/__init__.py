@@ -7,12 +7,14 @@ from kvscope.engine.config import EngineConfig
 from kvscope.engine.llm import LLM
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvscope.engine.param_error import ParamError
 from kvscope.engine.sampling_params import (
     GREEDY_TEMPERATURE,
     BeamSearchParams,
-    ParamError,
     SamplingParams,
 )
+from kvscope.engine.structured.compiler import GrammarError
+from kvscope.engine.structured.params import StructuredOutputsParams, close_object_schemas
 
 __all__ = [
     "GREEDY_TEMPERATURE",
@@ -25,4 +27,7 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "GrammarError",
+    "StructuredOutputsParams",
+    "close_object_schemas",
 ]

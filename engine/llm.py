@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import inspect
 import itertools
+from collections.abc import Sequence
+from typing import Any, cast
+
+from transformers import PreTrainedTokenizerBase
 
 from kvscope.engine.beam_search import BeamSearchRunner
 from kvscope.engine.config import EngineConfig, user_knobs
 from kvscope.engine.kv.snapshot import KVSnapshot
-from kvscope.engine.llm_engine import LLMEngine, PromptInput
+from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.model.loader import LoadedModel
 from kvscope.engine.outputs import BeamSearchOutput, RequestOutput
+from kvscope.engine.prompts import PromptInput
 from kvscope.engine.sampling_params import BeamSearchParams, SamplingParams
 
-Messages = list[dict]
+Messages = list[dict[str, Any]]
+# One prompt, or several (a list of texts, or of token-id lists).
+Prompts = PromptInput | Sequence[PromptInput]
 
 
 def _init_signature() -> inspect.Signature:
@@ -31,7 +38,7 @@ _INIT_SIGNATURE = _init_signature()
 
 
 class LLM:
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         # The arguments are `model` and EngineConfig's user knobs, as __signature__ below shows;
         # binding to it raises the TypeError a written-out signature would, naming the argument.
         try:
@@ -48,25 +55,25 @@ class LLM:
         self.engine = LLMEngine(self.config, loaded)
         self._ids = itertools.count()
 
-    __init__.__signature__ = _INIT_SIGNATURE
+    __init__.__signature__ = _INIT_SIGNATURE  # type: ignore[attr-defined]  # for help() and IDEs
 
-    def get_tokenizer(self):
+    def get_tokenizer(self) -> PreTrainedTokenizerBase:
         return self.engine.tokenizer
 
     def generate(
         self,
-        prompts: PromptInput | list[PromptInput],
+        prompts: Prompts,
         params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run prompts to completion with continuous batching; outputs come back in input order."""
-        prompts = _prompt_list(prompts)
+        listed = _prompt_list(prompts)
         if isinstance(params, list):
-            if len(params) != len(prompts):
-                raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+            if len(params) != len(listed):
+                raise ValueError(f"{len(params)} sampling params for {len(listed)} prompts")
             per_prompt = params
         else:
-            per_prompt = [params or SamplingParams()] * len(prompts)
-        return self._run(list(zip(prompts, per_prompt, strict=True)))
+            per_prompt = [params or SamplingParams()] * len(listed)
+        return self._run(list(zip(listed, per_prompt, strict=True)))
 
     def chat(
         self,
@@ -74,22 +81,24 @@ class LLM:
         params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template (with the assistant turn opened) and generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if messages and isinstance(messages[0], dict):
+            conversations = [messages]  # one chat
+        else:
+            conversations = cast(list[Messages], messages)
         prompts = [self.engine.apply_chat_template(c) for c in conversations]
         return self.generate(prompts, params)
 
     def beam_search(
-        self, prompts: PromptInput | list[PromptInput], params: BeamSearchParams | None = None
+        self, prompts: Prompts, params: BeamSearchParams | None = None
     ) -> list[BeamSearchOutput]:
         """Beam search per prompt; each result's sequences come best-first."""
-        prompts = _prompt_list(prompts)
-        token_ids = [self.engine.tokenize(p)[1] for p in prompts]
+        token_ids = [self.engine.tokenize(p)[1] for p in _prompt_list(prompts)]
         for ids in token_ids:
             if not ids:
                 raise ValueError("prompt is empty after tokenization")
         return BeamSearchRunner(self.engine).run(token_ids, params or BeamSearchParams())
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return self.engine.stats()
 
     def kv_snapshot(self) -> KVSnapshot:
@@ -120,10 +129,13 @@ class LLM:
         return [final[i] for i in ids]
 
 
-def _prompt_list(prompts: PromptInput | list[PromptInput]) -> list[PromptInput]:
+def _prompt_list(prompts: Prompts) -> list[PromptInput]:
     """One prompt (text or token ids) or a list of them, as a non-empty list."""
-    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-        prompts = [prompts]
-    if not prompts:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if not items:
         raise ValueError("prompts is empty")
-    return list(prompts)
+    if isinstance(items[0], int):  # one prompt of token ids
+        return [cast(list[int], items)]
+    return cast(list[PromptInput], items)

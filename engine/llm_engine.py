@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -16,13 +20,13 @@ from kvscope.engine import inspection, prompts
 from kvscope.engine.config import EngineConfig
 from kvscope.engine.cpu_threads import apply_num_threads
 from kvscope.engine.detokenizer import IncrementalDetokenizer
-from kvscope.engine.kv.events import StepProgress
+from kvscope.engine.kv.events import KVEvent, StepProgress
 from kvscope.engine.kv.kv_cache import KVCache
 from kvscope.engine.kv.snapshot import KVSnapshot
 from kvscope.engine.model.kv_calibration import calibrate_kv_scales, calibration_token_ids
 from kvscope.engine.model.loader import LoadedModel, load_model
 from kvscope.engine.model.sampler import Sampler, SampleResult, SamplingRow, sample_each
-from kvscope.engine.model_runner import ModelRunner
+from kvscope.engine.model_runner import ModelRunner, StepRunner
 from kvscope.engine.outputs import RequestMetrics, RequestOutput
 from kvscope.engine.pool_parts import build_pool
 from kvscope.engine.prompts import PromptInput
@@ -33,6 +37,8 @@ from kvscope.engine.sizing.float32_weights import float32_choice
 from kvscope.engine.sizing.kv_pool import kv_layout, size_kv_pool
 from kvscope.engine.sizing.model_build import build_model, free_memory, kv_pool_bytes
 from kvscope.engine.sizing.weight_plan import weights_quantized
+from kvscope.engine.structured.compiler import CompiledGrammar, GrammarCompiler
+from kvscope.engine.structured.step_masks import StepMasks
 from kvscope.engine.trace import PoolCounts, StepShape, TraceLog, TraceSettings
 
 
@@ -85,7 +91,7 @@ class LLMEngine:
         pool = build_pool(config, self.kv_layout, num_blocks, self.max_model_len, salt)
         self.max_seq_len, self.observers = pool.max_seq_len, pool.observers
         self.allocator, self.scheduler = pool.allocator, pool.scheduler
-        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.runner: StepRunner = ModelRunner(self.model, self.kv_cache)
         self.generator = torch.Generator(device=device).manual_seed(config.seed)
         self.sampler = Sampler(self.generator)
         self.requests: dict[str, Request] = {}
@@ -93,6 +99,12 @@ class LLMEngine:
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.num_steps = 0
+        # Structured outputs: the grammars (compiled once per constraint, from any thread) and
+        # the masks of each step, filled while the model runs.
+        grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_token_ids)
+        # Through `grammars`, not self: the engine must not sit in a reference cycle (it is
+        # freed by reference counting alone, tests/engine/test_engine_teardown.py).
+        self.grammars, self.step_masks = grammars, StepMasks(lambda: grammars.mask_vocab_size)
         # Always on and bounded: what a what-if replay of this session needs (engine.whatif).
         self.trace = TraceLog(TraceSettings.of_engine(self))
         # Fixed once built; computed here so stats() stays cheap at the app's 10 Hz.
@@ -110,17 +122,24 @@ class LLMEngine:
         """No prompt of more characters can fit max_model_len tokens."""
         return self.max_model_len * prompts.longest_token_chars(self.tokenizer)
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        """The prompt the model's chat template makes of `messages`, rendered as transformers
-        renders it but bounded: a template over its time or size budget raises
-        TemplateBudgetError, one that refuses or breaks on them TemplateRenderError (both
-        ValueError). Safe from any thread."""
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt the model's chat template makes of `messages` (and OpenAI-style `tools`,
+        and extra template variables), rendered as transformers renders it but bounded: a
+        template over its time or size budget raises TemplateBudgetError, one that refuses or
+        breaks on them TemplateRenderError (both ValueError). Safe from any thread."""
         return prompts.chat_prompt(
             self.tokenizer,
             messages,
             self.max_prompt_chars,
             self.model_config.architecture,
             self.model_source,
+            tools,
+            template_kwargs,
         )
 
     def add_request(
@@ -158,9 +177,13 @@ class LLMEngine:
                 f"{self.max_seq_len} tokens ({self.allocator.num_blocks} blocks of "
                 f"{self.config.block_size})"
             )
+        grammar = None
+        if params.structured_outputs is not None:
+            # A cache hit when the server compiled it first, off its event loop.
+            grammar = self.grammars.compile(params.structured_outputs)
         arrival = self._now() if arrival_time is None else arrival_time
         request = Request(request_id, text, ids, params, RequestMetrics(arrival))
-        request.sequences = [self._new_sequence(request, i) for i in range(params.n)]
+        request.sequences = [self._new_sequence(request, i, grammar) for i in range(params.n)]
         self.requests[request_id] = request
         self.trace.on_request(self.num_steps, request)
         for seq in request.sequences:
@@ -175,7 +198,9 @@ class LLMEngine:
         self.scheduler.add(request.sequences[0])
         request.pending_forks = request.sequences[1:]
 
-    def _new_sequence(self, request: Request, index: int) -> Sequence:
+    def _new_sequence(
+        self, request: Request, index: int, grammar: CompiledGrammar | None
+    ) -> Sequence:
         params, ids = request.params, request.prompt_token_ids
         return Sequence(
             request=request,
@@ -184,6 +209,7 @@ class LLMEngine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
             generator=self._sample_generator(params.seed, index),
             logprobs=[] if params.logprobs is not None else None,
+            grammar=grammar.matcher() if grammar is not None else None,
         )
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -215,12 +241,15 @@ class LLMEngine:
             if seq.request.metrics.first_scheduled_time is None:
                 seq.request.metrics.first_scheduled_time = started
                 seq.request.first_scheduled_step = self.num_steps + 1
+        masks = self._start_masks(batch)
         seqs, logits = self._run(batch)
         touched: dict[str, Request] = {}
         stepped = [seq for seq, _ in batch.items]
         if seqs:
             seqs, logits = self._fork_pending_samples(seqs, logits)
             rows = [self._sampling_row(s) for s in seqs]
+            if masks is not None or any(s.grammar is not None for s in seqs):
+                self._add_masks(rows, seqs, masks.result() if masks is not None else {})
             results = self._sample(logits, rows)
             now = self._now()
             for seq, result in zip(seqs, results, strict=True):
@@ -302,7 +331,28 @@ class LLMEngine:
             parent.request.pending_forks = []
         return out_seqs, logits[torch.tensor(rows, device=logits.device)]
 
-    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list:
+    def _start_masks(self, batch: ScheduledBatch) -> Future[dict[int, torch.Tensor]] | None:
+        """Begin the masks of the constrained sequences this step will sample from (those
+        whose last token it computes), to be ready when the forward pass is done."""
+        matchers = [
+            (seq.seq_id, seq.grammar)
+            for seq, num_new in batch.items
+            if seq.grammar is not None and seq.num_computed_tokens + num_new >= seq.num_tokens
+        ]
+        return self.step_masks.start(matchers) if matchers else None
+
+    def _add_masks(
+        self, rows: list[SamplingRow], seqs: list[Sequence], masks: dict[int, torch.Tensor]
+    ) -> None:
+        late = [(s.seq_id, s.grammar) for s in seqs if s.grammar and s.seq_id not in masks]
+        if late:  # samples forked this step: the same state as their parent, filled now
+            masks.update(self.step_masks.fill(late))
+        for row, seq in zip(rows, seqs, strict=True):
+            row.grammar_mask = masks.get(seq.seq_id)
+
+    def _sample(
+        self, logits: torch.Tensor, rows: list[SamplingRow]
+    ) -> list[SampleResult | Exception]:
         return sample_each(self.sampler, logits, rows)
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
@@ -310,7 +360,7 @@ class LLMEngine:
         banned: set[int] = set()
         if seq.num_output_tokens < params.min_tokens:
             # vLLM masks EOS (ignore_eos or not) and stop_token_ids until min_tokens.
-            banned = self.eos_token_ids | set(params.stop_token_ids)
+            banned = self.eos_token_ids | set(params.stop_token_ids or ())
         return SamplingRow(params, seq.token_ids, seq.generator, seq.num_prompt_tokens, banned)
 
     def _fail(self, seq: Sequence, error: Exception) -> None:
@@ -322,6 +372,13 @@ class LLMEngine:
     def _append_token(self, seq: Sequence, result: SampleResult, now: float) -> None:
         seq.request.first_token_step = seq.request.first_token_step or self.num_steps
         reason = seq.append_token(result, now, self.eos_token_ids, self.max_seq_len)
+        if seq.grammar is not None and reason != "stop":
+            if not seq.grammar.accept(result.token_id):
+                self._fail(seq, ValueError(f"the grammar rejected a token: {seq.grammar.error}"))
+                return
+            if seq.grammar.is_terminated and reason is None:
+                seq.text_decoder.flush()
+                reason = "stop"  # the output is complete: only EOS could follow
         if reason is not None:
             seq.finish_reason = reason
             self.scheduler.finish(seq)
@@ -334,7 +391,7 @@ class LLMEngine:
         return torch.Generator(device=self.model.device).manual_seed(stream)
 
     # ---- introspection -------------------------------------------------------------------
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return inspection.engine_stats(self)
 
     def kv_snapshot(self) -> KVSnapshot:
@@ -345,7 +402,7 @@ class LLMEngine:
         """The same traffic on the naive contiguous allocator (None in contiguous mode)."""
         return self.observers.shadow_snapshot()
 
-    def block_contents(self, block_id: int) -> dict:
+    def block_contents(self, block_id: int) -> dict[str, Any]:
         """What one physical block holds: its token ids and their text, and who holds it."""
         return inspection.block_contents(self, block_id)
 
@@ -353,15 +410,15 @@ class LLMEngine:
         """(hash, parent hash, token ids, KV group) of a block holding a reusable prefix."""
         return inspection.block_hash(self, block_id)
 
-    def subscribe_kv_events(self, listener) -> None:
+    def subscribe_kv_events(self, listener: Callable[[KVEvent], None]) -> None:
         """Call listener(event) for every KV event from now on, in the engine's thread (the
         kinds of engine.kv.events, tagged by `event.kind` as in the recording format)."""
         self.observers.events.subscribe(listener)
 
-    def unsubscribe_kv_events(self, listener) -> None:
+    def unsubscribe_kv_events(self, listener: Callable[[KVEvent], None]) -> None:
         self.observers.events.unsubscribe(listener)
 
-    def start_recording(self, path) -> None:
+    def start_recording(self, path: str | Path) -> None:
         """Write every KV event from now on to a JSON-lines file (replay with engine.kv.replay)."""
         self.stop_recording()
         if self.has_unfinished_requests():

@@ -8,6 +8,8 @@ asks the allocator; nothing past it knows about Sequence objects.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from kvscope.engine.kv.kv_cache import KVCache
@@ -15,6 +17,13 @@ from kvscope.engine.model.attention import AttentionMetadata
 from kvscope.engine.model.llama import LlamaModel
 from kvscope.engine.scheduler import ScheduledBatch
 from kvscope.engine.sequence import Sequence
+
+
+class StepRunner(Protocol):
+    """What the engine runs a scheduled batch with: the model (ModelRunner), or a what-if
+    simulation's recorded steps."""
+
+    def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]: ...
 
 
 class ModelRunner:
@@ -77,7 +86,7 @@ class ModelRunner:
         rows = self._tensor(sample_rows, torch.int64)
         return samplers, self.model.compute_logits(hidden.index_select(0, rows))
 
-    def _tensor(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
+    def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
 
     def _tables(self, tables: list[tuple[int, ...]]) -> torch.Tensor | None:

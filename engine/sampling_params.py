@@ -5,6 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeGuard
+
+from kvscope.engine.param_error import ParamError
+
+if TYPE_CHECKING:
+    from kvscope.engine.structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
 # torch.Generator.manual_seed accepts exactly this range; checking here keeps a bad seed from
@@ -13,15 +19,7 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 GREEDY_TEMPERATURE = 1e-5
 
 
-class ParamError(ValueError):
-    """A bad sampling parameter; `param` names it (the server's 400 says which field)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     # bool is an int subclass, but max_tokens=True is a bug, not a count.
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -34,7 +32,9 @@ def _check_int(name: str, value: object, low: int, high: int | None = None) -> N
 
 def _check_number(name: str, value: object, ok: Callable[[float], bool], allowed: str) -> None:
     is_number = _is_int(value) or isinstance(value, float)
-    if not is_number or not math.isfinite(value) or not ok(value):
+    if not is_number or not isinstance(value, (int, float)):  # the second narrows for mypy
+        raise ParamError(name, f"{name} must be a finite number {allowed}, got {value!r}")
+    if not math.isfinite(value) or not ok(value):
         raise ParamError(name, f"{name} must be a finite number {allowed}, got {value!r}")
 
 
@@ -97,6 +97,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # only these may be sampled (non-empty)
     include_stop_str_in_output: bool = False  # keep the stop string (or stop token's text)
     skip_special_tokens: bool = True  # in the output text
+    # The grammar every sampled token must follow (JSON Schema, regex, choice, Lark).
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -128,11 +130,20 @@ class SamplingParams:
                 raise ParamError("allowed_token_ids", "allowed_token_ids must not be empty")
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         _check_bool("skip_special_tokens", self.skip_special_tokens)
+        if self.structured_outputs is not None:
+            from kvscope.engine.structured.params import StructuredOutputsParams
+
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ParamError(
+                    "structured_outputs",
+                    "structured_outputs must be a StructuredOutputsParams, got "
+                    f"{type(self.structured_outputs).__name__}",
+                )
 
     def check_vocab(self, vocab_size: int) -> None:
         """Every token id the parameters name must have a logit (as vLLM's verify checks)."""
         named = {
-            "stop_token_ids": self.stop_token_ids,
+            "stop_token_ids": self.stop_token_ids or [],
             "logit_bias": list(self.logit_bias or ()),
             "allowed_token_ids": self.allowed_token_ids or [],
         }

@@ -15,6 +15,7 @@ from kvscope.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from kvscope.engine.model.sampler import SampleResult
+    from kvscope.engine.structured.compiler import GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -34,7 +35,8 @@ class Sequence:
     request: Request
     index: int
     token_ids: list[int]
-    detokenizer: IncrementalDetokenizer
+    # None for beam search's sequences, which BeamSearchRunner decodes itself.
+    detokenizer: IncrementalDetokenizer | None
     generator: torch.Generator | None
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
     num_computed_tokens: int = 0
@@ -49,6 +51,15 @@ class Sequence:
     # Where the output text ends when a stop string cut it (before the stop string, or after
     # it with include_stop_str_in_output).
     text_end: int | None = None
+    # Where a structured-output sample stands in its grammar; it survives preemption, since
+    # recomputing the K/V of tokens it already took samples nothing.
+    grammar: GrammarMatcher | None = None
+
+    @property
+    def text_decoder(self) -> IncrementalDetokenizer:
+        """The detokenizer of a sequence that makes text (every one but beam search's)."""
+        assert self.detokenizer is not None, "a beam search sequence has no text of its own"
+        return self.detokenizer
 
     @property
     def num_tokens(self) -> int:
@@ -73,7 +84,7 @@ class Sequence:
     @property
     def visible_text(self) -> str:
         """Final text once finished; while running, all but a tail that may become a stop string."""
-        text = self.detokenizer.output_text
+        text = self.text_decoder.output_text
         if self.is_finished:
             return text if self.text_end is None else text[: self.text_end]
         return self.request.stop_checker.streamable(text)
@@ -86,23 +97,24 @@ class Sequence:
         token = result.token_id
         self.token_ids.append(token)
         self.cumulative_logprob += result.logprob
-        if self.logprobs is not None:
+        # top_logprobs is set exactly when the request asked for logprobs (the sampler's rule).
+        if self.logprobs is not None and result.top_logprobs is not None:
             self.logprobs.append(result.top_logprobs)
         if self.request.metrics.first_token_time is None:
             self.request.metrics.first_token_time = now
         reason = None
         if token in eos_token_ids and not params.ignore_eos:
             reason = "stop"
-        elif token in params.stop_token_ids:
+        elif token in (params.stop_token_ids or ()):
             reason, self.stop_reason = "stop", token
         # As vLLM: the token that stopped it is left out of the text unless asked for.
         if reason is None or params.include_stop_str_in_output:
-            delta = self.detokenizer.step([token])
+            delta = self.text_decoder.step([token])
         else:
             delta = ""
         # Stop strings count only once min_tokens are out (vLLM's rule).
         if delta and params.stop and reason is None and self.num_output_tokens > params.min_tokens:
-            hit = self.request.stop_checker.find(self.detokenizer.output_text, len(delta))
+            hit = self.request.stop_checker.find(self.text_decoder.output_text, len(delta))
             if hit is not None:
                 reason, self.stop_reason = "stop", hit.stop
                 # Cut before the stop string, or after it when it is to be kept.
@@ -113,7 +125,7 @@ class Sequence:
         ):
             reason = "length"
         if reason is not None and self.text_end is None:
-            self.detokenizer.flush()  # a character cut off by max_tokens still shows up
+            self.text_decoder.flush()  # a character cut off by max_tokens still shows up
         return reason
 
     def output(self) -> CompletionOutput:
@@ -146,7 +158,7 @@ class Request:
     stop_checker: StopChecker = field(init=False)
 
     def __post_init__(self) -> None:
-        self.stop_checker = StopChecker(self.params.stop)
+        self.stop_checker = StopChecker(self.params.stop or [])
 
     @property
     def is_finished(self) -> bool:

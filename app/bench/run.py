@@ -7,8 +7,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import transformers
+from typing import TYPE_CHECKING
 
 from kvscope.app.bench.allocator_bench import compare_allocators
 from kvscope.app.bench.engine_bench import DecodeTiming, measure_engine_decode, run_engine_workload
@@ -22,9 +21,14 @@ from kvscope.app.bench.machine import ContentionMeter, machine_info
 from kvscope.app.bench.plot import plot_bench
 from kvscope.app.bench.roofline import decode_roofline, measure_read_bandwidth
 from kvscope.app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
+from kvscope.app.bench.structured_bench import THROUGHPUT_TARGET as STRUCTURED_TARGET
+from kvscope.app.bench.structured_bench import measure_structured
 from kvscope.app.bench.workload import load_chat_workload
 from kvscope.engine import LLM, SamplingParams
 from kvscope.engine.model.loader import LoadedModel, load_model
+
+if TYPE_CHECKING:
+    from kvscope.app.bench.hf_baseline import CausalLM
 
 THROUGHPUT_TARGET = 2.0  # our useful tokens/s over HF's static batch, both float32
 # The engine as a user runs it (dtype and quantization "auto": the GGUF's weights kept quantized,
@@ -46,6 +50,7 @@ class BenchSettings:
     skip_hf: bool = False
     skip_sharing: bool = False
     skip_allocators: bool = False
+    skip_structured: bool = False
     bandwidth_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
@@ -126,6 +131,7 @@ def run_bench(args: argparse.Namespace) -> int:
         skip_hf=args.skip_hf,
         skip_sharing=args.skip_sharing,
         skip_allocators=args.skip_allocators,
+        skip_structured=args.skip_structured,
     )
     report = benchmark(settings)
     print(summarize(report))
@@ -136,7 +142,7 @@ def run_bench(args: argparse.Namespace) -> int:
 def benchmark(
     settings: BenchSettings,
     loaded: LoadedModel | None = None,
-    hf_model: transformers.PreTrainedModel | None = None,
+    hf_model: CausalLM | None = None,
 ) -> dict:
     """Run the bench and write `<out>/bench.json` and `<out>/bench.png`; returns the report.
 
@@ -173,6 +179,10 @@ def benchmark(
         ours_q = run_engine_workload(quantized, prompts, max_tokens)
     with meter.phase("ours_quantized_decode"):
         ours_q_decode = measure_engine_decode(quantized, prompts[0], settings.decode_steps)
+    structured = None
+    if not settings.skip_structured:
+        with meter.phase("structured"):
+            structured = measure_structured(quantized, prompts)
     del quantized
     hf_static = hf_sequential = hf_decode = None
     if not settings.skip_hf:
@@ -242,12 +252,16 @@ def benchmark(
         },
         "sharing": sharing,
         "allocators": allocators,
+        "structured": structured,
         "targets": {
             "useful_throughput_vs_hf_static": _target(speedup, THROUGHPUT_TARGET),
             "useful_throughput_quantized_vs_hf_static": _target(
                 q_speedup, QUANTIZED_THROUGHPUT_TARGET
             ),
             "decode_batch1_vs_roofline": _target(roofline_share, ROOFLINE_TARGET),
+            "structured_half_vs_unconstrained": _target(
+                structured["mixed_over_unconstrained"] if structured else None, STRUCTURED_TARGET
+            ),
         },
         "runtime_s": time.perf_counter() - started,
     }
@@ -260,7 +274,7 @@ def benchmark(
 def _run_hf(
     settings: BenchSettings,
     meter: ContentionMeter,
-    model: transformers.PreTrainedModel,
+    model: CausalLM,
     prompts: list[list[int]],
     max_tokens: list[int],
     eos_ids: set[int],
@@ -338,6 +352,21 @@ def summarize(report: dict) -> str:
             f"{fork['peak_blocks_beam']} ({fork['beam_cow_copies']} CoW copies); n=4 saves "
             f"{100 * fork['n4_saving_vs_independent']:.0f}% (target >= "
             f"{100 * fork['target']:.0f}%)"
+        )
+    if report.get("structured"):
+        st = report["structured"]
+        rate = st["output_tokens_per_s"]
+        compile_ms = ", ".join(
+            f"{k} {v:.1f}" for k, v in st["compile_ms"].items() if k != "tokenizer_once"
+        )
+        lines.append(
+            f"  structured outputs, {st['num_requests']} requests ({st['constrained']} with a "
+            f"JSON Schema): {rate['half_constrained']:.1f} vs {rate['unconstrained']:.1f} tok/s "
+            f"unconstrained ({100 * st['mixed_over_unconstrained']:.0f}%, target >= "
+            f"{100 * st['target']['target']:.0f}%); free requests beside them "
+            f"{100 * st['free_requests_ratio']:.0f}% of their pace alone; mask "
+            f"{st['mask_ms_per_token']:.3f} ms a token; compile ms: {compile_ms} (vocabulary "
+            f"once {st['compile_ms']['tokenizer_once']:.0f} ms)"
         )
     if report.get("allocators"):
         a = report["allocators"]

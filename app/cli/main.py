@@ -13,7 +13,7 @@ from kvscope.app.core.engine_flags import SAMPLING_FLAGS, engine_knobs
 from kvscope.engine.config import KNOB, QUANTIZATIONS, EngineConfig
 
 
-def _engine_args(p: argparse.ArgumentParser, skip=()) -> None:
+def _engine_args(p: argparse._ActionsContainer, skip=()) -> None:  # a parser or a group of one
     hints = typing.get_type_hints(EngineConfig)
     for f in engine_knobs():
         knob = f.metadata[KNOB]
@@ -204,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--skip-allocators", action="store_true", help="skip the paged vs contiguous comparison"
+    )
+    bench.add_argument(
+        "--skip-structured",
+        action="store_true",
+        help="skip structured outputs under load (half the requests with a JSON Schema)",
     )
     bench.add_argument(
         "--gpu",

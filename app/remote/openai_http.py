@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -145,7 +145,9 @@ class OpenAIHttp:
             max_model_len=int(limit) if isinstance(limit, int) else None,
         )
 
-    def stream_chat(self, model: str, messages: list[dict], params: dict) -> Iterator[ChatDelta]:
+    def stream_chat(
+        self, model: str, messages: list[dict], params: dict
+    ) -> Generator[ChatDelta, None, None]:
         """Stream a chat reply. `params`: SamplingSettings fields (max_tokens, temperature,
         top_p, seed, n, stop, ...). Closing the iterator closes the connection (an abort)."""
         body = {
@@ -218,6 +220,8 @@ def request_fields(params: dict) -> dict:
     for key, neutral in _EXTRA_FIELDS.items():
         if params.get(key) is not None and params[key] not in neutral:
             fields[key] = params[key]
+    if isinstance(params.get("response_format"), dict):  # a chat's structured output
+        fields["response_format"] = params["response_format"]
     return fields
 
 

@@ -44,6 +44,7 @@ def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(error_body(err.status, err.message, err.param, err.code), err.status)
 
 
+_FASTAPI_PARSE_ERROR = "There was an error parsing the body"
 _BRANCH_TAG = re.compile(r"[\[\]-]|^(str|int|float|bool|dict|list|none)$")
 
 
@@ -108,7 +109,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = str(exc.detail)
+        if exc.status_code == 400 and detail == _FASTAPI_PARSE_ERROR:
+            # What JSON's own errors are not: a body nested deeper than the parser recurses
+            # (a 3,000-deep JSON Schema).
+            detail = "the body could not be parsed: JSON nested too deeply"
         # Starlette's own headers stay (a 405's Allow: HTTP requires it).
         return JSONResponse(
-            error_body(exc.status_code, str(exc.detail)), exc.status_code, headers=exc.headers
+            error_body(exc.status_code, detail), exc.status_code, headers=exc.headers
         )

@@ -12,10 +12,12 @@ sampling field with why.
   logit_bias (clamped to [-100, 100]), allowed_token_ids, logprobs, top_logprobs,
   include_stop_str_in_output, skip_special_tokens, spaces_between_special_tokens (see below),
   truncate_prompt_tokens, truncation_side.
+- Structured outputs and tools (app/serve/structured.py, app/serve/tools/): response_format,
+  structured_outputs, and on chat tools, tool_choice, parallel_tool_calls, chat_template_kwargs.
 - Refused with a 400 naming the field when set to anything but its default (REFUSED below): what
-  the engine cannot do (beam search, prompt logprobs, bad words, structured outputs, watermarks,
-  KV transfer, priorities...) and chat inputs it would otherwise drop silently (tools, a custom
-  chat template, echo). spaces_between_special_tokens: false is refused only with
+  the engine cannot do (beam search, prompt logprobs, bad words, structural tags, watermarks,
+  KV transfer, priorities...) and chat inputs it would otherwise drop silently (documents, a
+  custom chat template, echo). spaces_between_special_tokens: false is refused only with
   skip_special_tokens: false, the one case where vLLM's output would differ.
 - Unknown fields are ignored, as OpenAI-compatible servers do, so clients that send extras
   (metadata) still work.
@@ -56,8 +58,6 @@ _REFUSED_BOTH: dict[str, tuple] = {
     "prompt_logprobs": (None,),
     "logprob_token_ids": (None, []),
     "bad_words": (None, []),
-    "response_format": (None, {"type": "text"}),
-    "structured_outputs": (None,),
     "repetition_detection": (None,),
     "thinking_token_budget": (None, -1),  # vLLM reads -1 as unset
     "priority": (0,),  # vLLM refuses it too without priority scheduling
@@ -71,10 +71,8 @@ _REFUSED_BOTH: dict[str, tuple] = {
 REFUSED_CHAT: dict[str, tuple] = {
     **_REFUSED_BOTH,
     "echo": (False,),
-    "tools": (None,),  # the template would not see them: an answer that ignores them
     "documents": (None,),
     "chat_template": (None,),  # the model's own template renders (app/serve/routes.py)
-    "chat_template_kwargs": (None, {}),
     "reasoning_effort": (None,),
     "continue_final_message": (False,),
     "add_generation_prompt": (True,),
@@ -116,6 +114,18 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    # An assistant turn that called tools, and a tool's result answering one of its calls.
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as the tools' history conversion reads it (app/serve/tools/messages)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
     def text(self) -> str:
         if self.content is None:
@@ -157,6 +167,9 @@ class SamplingFields(BaseModel):
     truncate_prompt_tokens: Int | None = Field(default=None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None
     user: str | None = None
+    # Read by app/serve/structured.py: OpenAI's response_format, vLLM's structured_outputs.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -164,6 +177,11 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Int | None = Field(default=None, ge=1)
     logprobs: bool | None = False
     top_logprobs: LogprobCount | None = None
+    # Read by app/serve/tools/spec.py, which checks them as OpenAI and vLLM do.
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):

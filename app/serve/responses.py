@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import time
 
+from kvscope.app.serve.tools.formats import ToolFormat
+from kvscope.app.serve.tools.replies import ToolCallDeltas, message
 from kvscope.engine import CompletionOutput, RequestOutput
 
 
@@ -29,6 +31,11 @@ def usage(out: RequestOutput) -> dict:
 def finish_reason(choice: CompletionOutput) -> str | None:
     # "abort" only reaches a client whose request the engine failed; OpenAI has no such value.
     return choice.finish_reason
+
+
+def _tool_finish(choice: CompletionOutput, called: bool) -> str | None:
+    # OpenAI's "tool_calls" when a finished reply called tools; "length" stays "length".
+    return "tool_calls" if called and choice.finish_reason == "stop" else finish_reason(choice)
 
 
 class TokenText:
@@ -99,8 +106,19 @@ def completion_logprobs(
 class ResponseBuilder:
     """Bodies for one request: id, model, creation time, and what each choice has been sent."""
 
-    def __init__(self, kind: str, response_id: str, model: str, top_k: int, text: TokenText):
+    def __init__(
+        self,
+        kind: str,
+        response_id: str,
+        model: str,
+        top_k: int,
+        text: TokenText,
+        tools: ToolFormat | None = None,
+    ):
         self.kind = kind  # "chat" | "completion"
+        # The format tool calls come in, when the request offers tools the model may call.
+        self.tools = tools
+        self._tool_deltas: dict[int, ToolCallDeltas] = {}
         self.id = response_id
         self.model = model
         self.created = int(time.time())
@@ -119,12 +137,15 @@ class ResponseBuilder:
         for c in out.outputs:
             n = len(c.token_ids)
             if self.kind == "chat":
+                reply, calls = {"role": "assistant", "content": c.text}, False
+                if self.tools is not None:
+                    reply, calls = message(self.tools, c.text)
                 choices.append(
                     {
                         "index": c.index,
-                        "message": {"role": "assistant", "content": c.text},
+                        "message": reply,
                         "logprobs": chat_logprobs(c, 0, n, self.top_k, self.text),
-                        "finish_reason": finish_reason(c),
+                        "finish_reason": _tool_finish(c, calls),
                     }
                 )
             else:
@@ -166,7 +187,19 @@ class ResponseBuilder:
             if finished:
                 self._done.add(c.index)
             reason = finish_reason(c) if finished else None
-            if self.kind == "chat":
+            if self.kind == "chat" and self.tools is not None:
+                streamer = self._tool_deltas.setdefault(c.index, ToolCallDeltas(self.tools))
+                delta = streamer.step(c.text)
+                if finished:
+                    reason = _tool_finish(c, streamer.any_call)
+                elif not delta:
+                    # A call's JSON between two pieces worth sending: its tokens' logprobs go
+                    # with the next chunk.
+                    self._sent_tokens[c.index] = tok_from
+                    continue
+                lp = chat_logprobs(c, tok_from, tok_to, self.top_k, self.text)
+                chunks.append(self._chunk(c.index, delta, lp, reason, with_usage))
+            elif self.kind == "chat":
                 delta = {"content": new_text} if new_text or not finished else {}
                 lp = chat_logprobs(c, tok_from, tok_to, self.top_k, self.text)
                 chunks.append(self._chunk(c.index, delta, lp, reason, with_usage))

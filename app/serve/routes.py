@@ -5,6 +5,7 @@ queued to the engine thread, and answered from its stream of outputs."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from itertools import count
@@ -34,8 +35,12 @@ from kvscope.app.serve.sampling import (
     truncation_keep,
 )
 from kvscope.app.serve.state import ServerState
-from kvscope.engine import RequestOutput, SamplingParams
+from kvscope.app.serve.structured import compile_off_loop, read_structured_outputs
+from kvscope.app.serve.tools.formats import ToolFormat
+from kvscope.app.serve.tools.request import ToolRequest
+from kvscope.engine import RequestOutput, SamplingParams, StructuredOutputsParams
 
+MAX_TEMPLATE_KWARGS_CHARS = 64 * 1024
 DISCONNECT_POLL_S = 0.5  # how often a whole (non-streamed) request checks its client is there
 _CLIENT_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -44,6 +49,19 @@ def client_label(body: SamplingFields, request: Request) -> str:
     """Who asked, for the block map's colours: the `user` field or X-KVScope-Client header."""
     raw = body.user or request.headers.get("x-kvscope-client") or "client"
     return _CLIENT_LABEL.sub("-", raw).strip("-")[:32] or "client"
+
+
+def check_template_kwargs(kwargs: dict | None) -> dict | None:
+    """chat_template_kwargs: extra template variables (enable_thinking...), bounded in size."""
+    if not kwargs:
+        return None
+    if len(json.dumps(kwargs)) > MAX_TEMPLATE_KWARGS_CHARS:
+        raise APIError(
+            400,
+            f"chat_template_kwargs is over {MAX_TEMPLATE_KWARGS_CHARS:,} characters of JSON",
+            "chat_template_kwargs",
+        )
+    return kwargs
 
 
 def build_router(state: ServerState) -> APIRouter:
@@ -69,11 +87,15 @@ def build_router(state: ServerState) -> APIRouter:
             shown = name if len(name) <= 200 else f"{name[:200]}… ({len(name):,} characters)"
             raise APIError(404, f"The model `{shown}` does not exist.", "model", "model_not_found")
 
-    async def chat_prompt(messages: list[dict]) -> str:
+    async def chat_prompt(
+        messages: list[dict], tools: list[dict] | None = None, kwargs: dict | None = None
+    ) -> str:
         """The chat template's prompt, rendered in the template pool within its budget (a
         looping or ballooning template fails this request with a 400, nothing else)."""
         try:
-            prompt = await render_off_loop(state.engine.apply_chat_template, messages)
+            prompt = await render_off_loop(
+                state.engine.apply_chat_template, messages, tools, kwargs
+            )
         except ValueError as e:
             raise APIError(400, str(e), "messages") from None
         return prompt
@@ -101,14 +123,28 @@ def build_router(state: ServerState) -> APIRouter:
         assert isinstance(first, Accepted)
         return stream
 
-    async def respond(request: Request, kind: str, body, prompt, params, top_k: int):
+    async def constrain(constraint: StructuredOutputsParams | None, param: str) -> None:
+        if constraint is not None:
+            await compile_off_loop(state.engine, constraint, param)
+
+    async def respond(
+        request: Request,
+        kind: str,
+        body,
+        prompt,
+        params,
+        top_k: int,
+        tools: ToolFormat | None = None,
+    ):
         arrival = time.time()
         rid = api_request_id(client_label(body, request), next(ids))
         param = "messages" if kind == "chat" else "prompt"
         prompt, token_ids = await prompt_ids(body, prompt, param)
         stream = await admit(rid, prompt, token_ids, params, arrival, param)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
-        builder = ResponseBuilder(kind, f"{prefix}-{rid}", body.model, top_k, state.token_text)
+        builder = ResponseBuilder(
+            kind, f"{prefix}-{rid}", body.model, top_k, state.token_text, tools
+        )
         if body.stream:
             with_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(
@@ -174,19 +210,40 @@ def build_router(state: ServerState) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body.model)
         refuse_unsupported(body, REFUSED_CHAT)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = [m.for_template() for m in body.messages]
         check_prompt_chars(body, sum(len(m["content"]) for m in messages), "messages")
         top_k = body.top_logprobs or 0
         logprobs = top_k if body.logprobs else None
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        params = sampling_params(
-            state, body, body.max_completion_tokens or body.max_tokens, logprobs
+        template_kwargs = check_template_kwargs(body.chat_template_kwargs)
+        constraint = read_structured_outputs(body.response_format, body.structured_outputs)
+        template = state.engine.tokenizer.chat_template
+        tooling = ToolRequest.read(
+            body.tools, body.tool_choice, body.parallel_tool_calls, messages, template
         )
-        prompt = await chat_prompt(messages)
+        tools: list[dict] | None = None
+        reply_format: ToolFormat | None = None
+        if tooling is not None:
+            messages, tools = tooling.prompt(messages)
+            if tooling.calls_allowed:
+                if constraint is not None:
+                    raise APIError(
+                        400,
+                        "response_format and structured_outputs cannot be combined with tools "
+                        'unless tool_choice is "none"',
+                        "response_format",
+                    )
+                constraint = StructuredOutputsParams(grammar=tooling.grammar())
+                reply_format = tooling.format
+        params = sampling_params(
+            state, body, body.max_completion_tokens or body.max_tokens, logprobs, constraint
+        )
+        await constrain(constraint, "tools" if reply_format else "response_format")
+        prompt = await chat_prompt(messages, tools, template_kwargs)
         # What the template added counts too: a prompt that cannot fit is not tokenized.
         check_prompt_chars(body, len(prompt), "messages")
-        return await respond(request, "chat", body, prompt, params, top_k)
+        return await respond(request, "chat", body, prompt, params, top_k, reply_format)
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -201,7 +258,9 @@ def build_router(state: ServerState) -> APIRouter:
             raise APIError(400, "prompt is empty", "prompt")
         if isinstance(prompt, str):
             check_prompt_chars(body, len(prompt), "prompt")
-        params = sampling_params(state, body, body.max_tokens, body.logprobs)
+        constraint = read_structured_outputs(body.response_format, body.structured_outputs)
+        params = sampling_params(state, body, body.max_tokens, body.logprobs, constraint)
+        await constrain(constraint, "response_format")
         return await respond(request, "completion", body, prompt, params, body.logprobs or 0)
 
     @router.post("/tokenize")
@@ -220,6 +279,7 @@ def build_router(state: ServerState) -> APIRouter:
             text = await chat_prompt(messages)
             check_prompt_chars(body, len(text), "messages")
         else:
+            assert body.prompt is not None  # exactly one of prompt and messages, checked above
             text = body.prompt
             check_prompt_chars(body, len(text), "prompt")
         try:

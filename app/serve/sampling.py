@@ -8,7 +8,12 @@ from __future__ import annotations
 from kvscope.app.serve.errors import APIError
 from kvscope.app.serve.protocol import SamplingFields, refused_field
 from kvscope.app.serve.state import ServerState
-from kvscope.engine import GREEDY_TEMPERATURE, ParamError, SamplingParams
+from kvscope.engine import (
+    GREEDY_TEMPERATURE,
+    ParamError,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 
 # vLLM raises a temperature in (0, 0.01) to 0.01 (numerical safety): such a request samples.
 MIN_TEMPERATURE = 1e-2
@@ -18,7 +23,7 @@ MAX_LOGIT_BIAS = 100.0  # vLLM clamps every bias into [-100, 100]
 def refuse_unsupported(body: SamplingFields, refused: dict[str, tuple]) -> None:
     name = refused_field(body, refused)
     if name is not None:
-        value = repr(body.model_extra[name])[:80]
+        value = repr((body.model_extra or {})[name])[:80]  # refused_field found it there
         raise APIError(400, f"{name} is not supported by this server (got {value})", name)
 
 
@@ -39,7 +44,11 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def sampling_params(
-    state: ServerState, body: SamplingFields, max_tokens: int | None, logprobs: int | None
+    state: ServerState,
+    body: SamplingFields,
+    max_tokens: int | None,
+    logprobs: int | None,
+    structured_outputs: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
     """The engine's SamplingParams for a request, or an APIError(400) naming the bad field."""
     limit = state.max_model_len
@@ -86,6 +95,7 @@ def sampling_params(
             allowed_token_ids=body.allowed_token_ids,
             include_stop_str_in_output=body.include_stop_str_in_output,
             skip_special_tokens=skip_special,
+            structured_outputs=structured_outputs,
         )
         params.check_vocab(state.engine.model_config.vocab_size)
     except ParamError as e:
@@ -124,6 +134,7 @@ def truncated_prompt(
     if keep is None:
         return prompt, ids
     tokens = prompt if ids is None else ids
+    assert not isinstance(tokens, str)  # a text prompt always comes with its ids
     if keep >= len(tokens):
         return prompt, ids
     side = body.truncation_side or "left"

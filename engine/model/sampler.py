@@ -10,12 +10,13 @@ request's own generator.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from kvscope.engine.sampling_params import SamplingParams
+from kvscope.engine.structured.step_masks import unpack_bitmask
 
 # Top-k / top-p look at the best few candidates before sorting a whole row: on a 2-core CPU a
 # full sort of a 49k vocabulary costs ~2 ms a row, topk(64) a twentieth of that, and most nuclei
@@ -33,6 +34,9 @@ class SamplingRow:
     num_prompt_tokens: int = 0
     # Token ids that may not be sampled now: EOS and stop_token_ids before min_tokens is reached.
     banned: Collection[int] = ()
+    # A structured-output request's allowed next tokens: int32 bitmask words (bit i of word w
+    # is token 32w+i), on the CPU (engine.structured.step_masks).
+    grammar_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -98,19 +102,31 @@ class Sampler:
 
 
 def _apply_masks_and_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """vLLM's allowed_token_ids mask, then min_tokens' mask of the stop tokens, then logit_bias
-    (added, as vLLM's LogitBiasLogitsProcessor does). A new tensor when any row asks."""
+    """A structured-output grammar's mask (before everything else, as vLLM applies it), then
+    vLLM's allowed_token_ids mask, min_tokens' mask of the stop tokens and logit_bias (added, as
+    vLLM's LogitBiasLogitsProcessor does). A new tensor when any row asks."""
     todo = [
         i
         for i, r in enumerate(rows)
         if r.banned or r.params.logit_bias or r.params.allowed_token_ids is not None
     ]
-    if not todo:
+    constrained = [i for i, r in enumerate(rows) if r.grammar_mask is not None]
+    if not todo and not constrained:
         return logits
     scores = logits.clone()
     vocab = scores.shape[1]
+    grammar_only = None
+    if constrained:
+        idx = torch.tensor(constrained, device=scores.device)
+        masks = torch.stack([_mask(rows[i]) for i in constrained]).to(scores.device)
+        scores[idx] = scores[idx].masked_fill(~unpack_bitmask(masks, vocab), -math.inf)
+        if not bool(scores[idx].isfinite().any(-1).all()):
+            # Fails the batch; sample_each then fails this request alone.
+            raise ValueError("the structured-output grammar allows no next token")
+        if todo:
+            grammar_only = scores[idx].clone()
 
-    def ids_of(values) -> torch.Tensor:
+    def ids_of(values: Iterable[int]) -> torch.Tensor:
         # Like the repetition penalty, ignore ids the logits have no column for.
         inside = [t for t in values if t < vocab]
         return torch.tensor(inside, dtype=torch.long, device=scores.device)
@@ -128,7 +144,18 @@ def _apply_masks_and_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torc
             inside = {t: b for t, b in params.logit_bias.items() if t < vocab}
             bias = torch.tensor(list(inside.values()), device=scores.device)
             scores[i, ids_of(inside)] += bias  # dict keys are distinct: no id is added twice
+    if grammar_only is not None:
+        # The grammar is the hard rule: where the other masks (min_tokens banning EOS when the
+        # grammar allows only EOS) leave a constrained row nothing, they give way.
+        dead = ~scores[idx].isfinite().any(-1)
+        if bool(dead.any()):
+            scores[idx[dead]] = grammar_only[dead]
     return scores
+
+
+def _mask(row: SamplingRow) -> torch.Tensor:
+    assert row.grammar_mask is not None  # only constrained rows are asked
+    return row.grammar_mask
 
 
 def _apply_output_penalties(
@@ -150,7 +177,7 @@ def _apply_output_penalties(
     for i in todo:
         row = rows[i]
         out = torch.as_tensor(row.token_ids[row.num_prompt_tokens :], dtype=torch.long)
-        ids, count = out[out < vocab].unique(return_counts=True)
+        ids, count = torch.unique(out[out < vocab], return_counts=True)
         penalty = row.params.frequency_penalty * count + row.params.presence_penalty
         ids = ids.to(scores.device)
         scores[i, ids] -= penalty.to(scores.device, scores.dtype)
@@ -250,14 +277,13 @@ def _results(
     lse = logits.logsumexp(-1)
     logprob = (logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - lse).tolist()
     token_ids = tokens.tolist()
-    want = [i for i, r in enumerate(rows) if r.params.logprobs]
+    want = {i: n for i, r in enumerate(rows) if (n := r.params.logprobs)}
     tops: dict[int, dict[int, float]] = {}
     if want:
-        idx = torch.tensor(want, device=logits.device)
-        vals, ids = logits[idx].topk(max(rows[i].params.logprobs for i in want), -1)
+        idx = torch.tensor(list(want), device=logits.device)
+        vals, ids = logits[idx].topk(max(want.values()), -1)
         vals = vals - lse[idx].unsqueeze(1)
-        for i, ids_i, vals_i in zip(want, ids.tolist(), vals.tolist(), strict=True):
-            n = rows[i].params.logprobs
+        for (i, n), ids_i, vals_i in zip(want.items(), ids.tolist(), vals.tolist(), strict=True):
             tops[i] = dict(zip(ids_i[:n], vals_i[:n], strict=True))
     results = []
     for i, r in enumerate(rows):
@@ -277,7 +303,7 @@ def sample_each(
     """Sample every row; if the batch fails, row by row, so that one request's failure
     (an exception for its parameters) fails that request alone and the others go on."""
     try:
-        return sampler(logits, rows)
+        return list(sampler(logits, rows))
     except Exception:
         results: list[SampleResult | Exception] = []
         for i, row in enumerate(rows):

@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 from kvscope.engine.kv.events import KVEvent
 from kvscope.engine.trace.records import (
@@ -24,6 +25,9 @@ from kvscope.engine.trace.records import (
     TracedStep,
     TraceSettings,
 )
+
+if TYPE_CHECKING:
+    from kvscope.engine.sequence import Request
 
 MAX_REQUESTS = 4096
 MAX_STEPS = 50_000  # ~10 MB of steps; an hour of a busy chat on a CPU is ~20,000
@@ -74,14 +78,17 @@ class TraceLog:
         self.writer: Callable[[KVEvent], None] | None = None  # the session file's, if recording
 
     # ---- what the engine reports ------------------------------------------------------------
-    def on_request(self, step: int, request) -> None:
+    def on_request(self, step: int, request: Request) -> None:
+        # The records take any ids and copy them into int32 arrays; their fields are typed as
+        # a file holds them (tuples), which its reader checks lines against.
         record = TracedRequest(
             step,
             request.metrics.arrival_time,
             request.request_id,
-            request.prompt_token_ids,  # copied into an int32 array
+            cast(tuple[int, ...], request.prompt_token_ids),
             request.params.n,
             request.params.max_tokens,
+            request.params.structured_outputs is not None,
         )
         self.requests[request.request_id] = record
         self.num_tokens += len(record.prompt_token_ids)
@@ -111,12 +118,12 @@ class TraceLog:
         self.steps.append(record)
         self._write(record)
 
-    def on_finish(self, step: int, request) -> None:
+    def on_finish(self, step: int, request: Request) -> None:
         record = TracedFinish(
             step,
             request.metrics.finished_time or time.time(),
             request.request_id,
-            tuple(s.output_token_ids for s in request.sequences),
+            tuple(cast(tuple[int, ...], s.output_token_ids) for s in request.sequences),
             tuple(s.finish_reason for s in request.sequences),
             request.first_scheduled_step,
             request.first_token_step,

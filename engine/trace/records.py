@@ -14,15 +14,41 @@ model's KV shape): the recorded baseline every what-if is measured against.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from kvscope.engine.kv.events import TRACE_KIND_PREFIX, KVEvent
+
+if TYPE_CHECKING:
+    from kvscope.engine.config import EngineConfig
+    from kvscope.engine.kv.allocator import KVAllocator
+    from kvscope.engine.kv.telemetry import PoolCounters
+    from kvscope.engine.model.model_config import ModelConfig
+    from kvscope.engine.scheduler import Scheduler
 
 MAX_TOKEN_ID = (1 << 31) - 1  # ids are kept as int32 (no vocabulary comes near)
 
 
-def token_array(ids) -> array:
+class _Computing(Protocol):
+    """A scheduled sequence, as a step's shape counts it."""
+
+    @property
+    def num_computed_tokens(self) -> int: ...
+
+
+class TracedEngine(Protocol):
+    """What `TraceSettings.of_engine` reads of an engine (LLMEngine has it all): declared here,
+    since the engine imports this module."""
+
+    config: EngineConfig
+    model_config: ModelConfig
+    model_source: str
+    allocator: KVAllocator
+    max_model_len: int
+
+
+def token_array(ids: Iterable[int]) -> array[int]:
     """Token ids as an int32 array: 4 bytes a token where a tuple of ints holds 36 (the int
     objects outlive the request in a trace). ValueError for an id out of range."""
     try:
@@ -41,6 +67,7 @@ class TracedRequest(KVEvent):
     prompt_token_ids: tuple[int, ...]  # in a file; an int32 array in memory
     n: int  # parallel samples
     max_tokens: int
+    constrained: bool = False  # its output followed a structured-output grammar
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", token_array(self.prompt_token_ids))
@@ -75,7 +102,7 @@ class StepShape:
     context_tokens: int  # keys attended over all items: sum of each one's length after the step
 
     @classmethod
-    def of(cls, items) -> StepShape:
+    def of(cls, items: Iterable[tuple[_Computing, int]]) -> StepShape:
         """The shape of a scheduled batch's (sequence, tokens) items, before they ran."""
         prefill_tokens = prefill_seqs = decode_seqs = context = 0
         for seq, n in items:
@@ -100,7 +127,7 @@ class PoolCounts:
     prefix_hit_tokens: int  # cumulative
 
     @classmethod
-    def of(cls, allocator, scheduler, counters) -> PoolCounts:
+    def of(cls, allocator: KVAllocator, scheduler: Scheduler, counters: PoolCounters) -> PoolCounts:
         """An engine's counts now: its allocator, scheduler and pool counters (PoolCounters)."""
         return cls(
             allocator.num_used_blocks,
@@ -174,7 +201,7 @@ class TraceSettings:
     device: str = "cpu"
 
     @classmethod
-    def of_engine(cls, engine) -> TraceSettings:
+    def of_engine(cls, engine: TracedEngine) -> TraceSettings:
         """What an LLMEngine (or the what-if's SimEngine) runs under."""
         config, mc = engine.config, engine.model_config
         return cls(
@@ -196,7 +223,7 @@ class TraceSettings:
             device=str(config.torch_device),
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "layer_windows": list(self.layer_windows)}
 
     @classmethod

@@ -15,13 +15,18 @@ from types import SimpleNamespace
 import torch
 
 from kvscope.engine.config import EngineConfig
+from kvscope.engine.kv.events import KVEvent
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.model.sampler import SampleResult
 from kvscope.engine.pool_parts import build_pool
 from kvscope.engine.scheduler import ScheduledBatch
 from kvscope.engine.sequence import Request, Sequence
+from kvscope.engine.structured.compiler import CompiledGrammar
 from kvscope.engine.trace import TraceLog, TraceSettings
 from kvscope.engine.whatif.settings import SimConfig
+
+# A finished request's recording: each sample's output token ids, and why each one ended.
+RecordedOutputs = tuple[tuple[tuple[int, ...], ...], tuple[str | None, ...]]
 
 
 class _NoText:
@@ -49,7 +54,7 @@ class SimEngine(LLMEngine):
         self,
         config: SimConfig,
         recorded: TraceSettings,
-        outputs: dict[str, tuple[tuple[tuple[int, ...], ...], tuple[str | None, ...]]],
+        outputs: dict[str, RecordedOutputs],
         vocab_size: int,
     ) -> None:
         self.sim = config
@@ -67,7 +72,8 @@ class SimEngine(LLMEngine):
             allocator=config.allocator,
             release_window_blocks=config.release_window_blocks,
         )
-        self.model_config = SimpleNamespace(vocab_size=vocab_size)
+        # No model: of its config, the engine's request checks read only the vocabulary size.
+        self.model_config = SimpleNamespace(vocab_size=vocab_size)  # type: ignore[assignment]
         self.model_source = recorded.model
         self.max_model_len = config.max_model_len
         self.kv_layout = config.layout()
@@ -84,7 +90,7 @@ class SimEngine(LLMEngine):
         )
         self.max_seq_len, self.observers = pool.max_seq_len, pool.observers
         self.allocator, self.scheduler = pool.allocator, pool.scheduler
-        self.events: list | None = None
+        self.events: list[KVEvent] | None = None
         self.runner = RecordedRunner()
         self.requests: dict[str, Request] = {}
         self.eos_token_ids: set[int] = set()
@@ -99,17 +105,25 @@ class SimEngine(LLMEngine):
     def _now(self) -> float:
         return self.clock
 
-    def _output_of(self, request: Request) -> None:
+    # Nothing reads a simulated step's outputs: building them would cost for nothing.
+    def _output_of(self, request: Request) -> None:  # type: ignore[override]
         return None
 
-    def _new_sequence(self, request: Request, index: int) -> Sequence:
+    def _new_sequence(
+        self, request: Request, index: int, grammar: CompiledGrammar | None = None
+    ) -> Sequence:
+        # A replayed sample's tokens are recorded: a grammar it followed has nothing to mask.
         ids = request.prompt_token_ids
         return Sequence(request, index, list(ids), _NoText(), None)  # type: ignore[arg-type]
 
-    def _sampling_row(self, seq: Sequence):  # the sample itself: its next token is recorded
+    # A simulated sample's row is the sample itself (its next token is recorded): these two
+    # overrides pass sequences where the engine's pass SamplingRows, and only each other sees them.
+    def _sampling_row(self, seq: Sequence) -> Sequence:  # type: ignore[override]
         return seq
 
-    def _sample(self, logits: torch.Tensor, rows: list) -> list[SampleResult]:
+    def _sample(  # type: ignore[override]
+        self, logits: torch.Tensor, rows: list[Sequence]
+    ) -> list[SampleResult]:
         results = []
         for seq in rows:
             produced = self._outputs[seq.request.request_id][0][seq.index]

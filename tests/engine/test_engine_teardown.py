@@ -18,7 +18,7 @@ import pytest
 from tiny_gemma3 import make_tiny_gemma3, make_tiny_gemma3_gguf
 from tiny_models import make_quant_gguf, make_tiny_gguf
 
-from kvscope.engine import LLM, SamplingParams
+from kvscope.engine import LLM, SamplingParams, StructuredOutputsParams
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,13 @@ KINDS = [
 def test_a_dropped_engine_frees_its_model_and_pool_without_the_collector(model_files, kind):
     path, knobs = model_files[kind]
     llm = LLM(model=str(path), device="cpu", kv_cache_memory=16 << 20, **knobs)
-    outputs = llm.generate(["hi hi", "hello"], SamplingParams(max_tokens=6, temperature=0))
+    # One of them constrained: its grammar, matchers and mask thread must not hold the engine.
+    constrained = SamplingParams(
+        max_tokens=6, temperature=0, structured_outputs=StructuredOutputsParams(regex="[a-z]{3,9}")
+    )
+    outputs = llm.generate(
+        ["hi hi", "hello"], [SamplingParams(max_tokens=6, temperature=0), constrained]
+    )
     assert all(o.outputs[0].token_ids for o in outputs)
     engine = llm.engine
     if kind.endswith("(fused CPU decode)"):  # the path that held the cycle: make sure it ran

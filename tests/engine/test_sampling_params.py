@@ -28,6 +28,7 @@ def test_defaults_match_the_design_contract():
         "allowed_token_ids": None,
         "include_stop_str_in_output": False,
         "skip_special_tokens": True,
+        "structured_outputs": None,
     }
     assert not p.greedy
 

@@ -1,7 +1,8 @@
 """ChatView: one conversation's messages (markdown bubbles), its system prompt, the composer.
 
 The view holds no state of its own beyond what it draws: the window hands it the stored
-messages plus the reply in flight, and it reports what the user asks for through signals.
+messages plus the reply in flight, and it reports what the user asks for through signals. In a
+chat with structured output on, a reply that is JSON is drawn indented (`set_json_replies`).
 """
 
 from __future__ import annotations
@@ -24,16 +25,19 @@ from kvscope.app.desktop.chat.backend_picker import BackendPicker
 from kvscope.app.desktop.chat.context_meter import ContextMeter
 from kvscope.app.desktop.chat.markdown import plain_text
 from kvscope.app.desktop.chat.message_bubble import MessageBubble
-from kvscope.app.desktop.chat.sampling_panel import SamplingPanel
+from kvscope.app.desktop.chat.sampling_panel import SamplingPanel, SamplingScroll
 from kvscope.app.desktop.chat.store import Conversation, Message
+
+SAMPLING_SHARE = 0.5  # of the chat's height, at most, for the open sampling panel (then it scrolls)
+SAMPLING_MIN_HEIGHT = 120
 
 
 class ElidedLabel(QLabel):
     """One line that ends in "…" when it does not fit, and never widens its column."""
 
-    def __init__(self, text: str = "", **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self._full = ""
         self.setText(text)
 
@@ -50,7 +54,9 @@ class ElidedLabel(QLabel):
         self._elide()
 
     def _elide(self) -> None:
-        shown = self.fontMetrics().elidedText(self._full, Qt.ElideRight, max(self.width(), 40))
+        shown = self.fontMetrics().elidedText(
+            self._full, Qt.TextElideMode.ElideRight, max(self.width(), 40)
+        )
         super().setText(shown)
 
 
@@ -62,12 +68,12 @@ class ComposerEdit(QPlainTextEdit):
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt's name)
         if (
-            event.key() in (Qt.Key_Return, Qt.Key_Enter)
-            and not event.modifiers() & Qt.ShiftModifier
+            event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+            and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier
         ):
             self.submitted.emit()
             return
-        if event.key() == Qt.Key_Escape:
+        if event.key() == Qt.Key.Key_Escape:
             self.cancelled.emit()
             return
         super().keyPressEvent(event)
@@ -83,46 +89,64 @@ class ChatView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("chatView")
-        self.title = ElidedLabel("No chat selected", objectName="chatTitle")
-        self.system_toggle = QToolButton(text="System prompt", checkable=True)
-        self.sampling_toggle = QToolButton(text="Sampling", checkable=True)
-        self.system_prompt = QPlainTextEdit(objectName="systemPrompt")
+        self.title = ElidedLabel("No chat selected")
+        self.title.setObjectName("chatTitle")
+        self.system_toggle = QToolButton()
+        self.system_toggle.setText("System prompt")
+        self.system_toggle.setCheckable(True)
+        self.sampling_toggle = QToolButton()
+        self.sampling_toggle.setText("Sampling")
+        self.sampling_toggle.setCheckable(True)
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setObjectName("systemPrompt")
         self.system_prompt.setPlaceholderText("System prompt for this chat (optional)")
         self.system_prompt.setMaximumHeight(90)
         self.system_prompt.setVisible(False)
         self.sampling = SamplingPanel()
-        self.sampling.setVisible(False)
+        self.sampling_scroll = SamplingScroll(self.sampling)
+        self.sampling_scroll.setVisible(False)
 
-        self.messages = QWidget(objectName="messageList")
+        self.messages = QWidget()
+        self.messages.setObjectName("messageList")
         self.message_layout = QVBoxLayout(self.messages)
         self.message_layout.setContentsMargins(12, 12, 12, 12)
         self.message_layout.setSpacing(10)
         self.message_layout.addStretch(1)
-        self.scroll = QScrollArea(widgetResizable=True, objectName="messageScroll")
-        self.scroll.setWidget(self.messages)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.empty = QLabel(
-            "Start a conversation: type below and press Enter.", objectName="emptyHint"
-        )
-        self.empty.setAlignment(Qt.AlignCenter)
+        # The bubbles' minimum heights are those of their narrowest width: as the scroll area's
+        # floor they left a blank below the last message whenever the list scrolled. With any
+        # explicit minimum it takes the list's height for its width instead.
+        self.messages.setMinimumHeight(1)
+        # Not `scroll`: that name is QWidget.scroll(), which an attribute would shadow.
+        self.message_scroll = QScrollArea(widgetResizable=True)
+        self.message_scroll.setObjectName("messageScroll")
+        self.message_scroll.setWidget(self.messages)
+        self.message_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.empty = QLabel("Start a conversation: type below and press Enter.")
+        self.empty.setObjectName("emptyHint")
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.message_layout.insertWidget(0, self.empty)
-        self.notice = QLabel(objectName="chatNotice", wordWrap=True)
+        self.notice = QLabel(wordWrap=True)
+        self.notice.setObjectName("chatNotice")
         self.notice.setVisible(False)
 
         # Entering edit mode must not move the chat: the banner elides rather than widening the
         # column, and keeps its room while hidden, so the rows above the composer never change.
-        self.edit_banner = ElidedLabel(objectName="editBanner")
+        self.edit_banner = ElidedLabel()
+        self.edit_banner.setObjectName("editBanner")
         policy = self.edit_banner.sizePolicy()
         policy.setRetainSizeWhenHidden(True)
         self.edit_banner.setSizePolicy(policy)
         self.edit_banner.setVisible(False)
         self.context_meter = ContextMeter()
         self.backend_picker = BackendPicker()  # hidden until there is a connection
-        self.composer = ComposerEdit(objectName="composer")
+        self.composer = ComposerEdit()
+        self.composer.setObjectName("composer")
         self.composer.setPlaceholderText("Message the model — Enter to send, Shift+Enter newline")
         self.composer.setMaximumHeight(96)
-        self.send = QPushButton("Send", objectName="sendButton")
-        self.stop = QPushButton("Stop", objectName="stopButton")
+        self.send = QPushButton("Send")
+        self.send.setObjectName("sendButton")
+        self.stop = QPushButton("Stop")
+        self.stop.setObjectName("stopButton")
         self.stop.setVisible(False)
 
         header = QHBoxLayout()
@@ -140,13 +164,13 @@ class ChatView(QWidget):
         layout.setContentsMargins(8, 8, 8, 8)
         layout.addLayout(header)
         layout.addWidget(self.system_prompt)
-        layout.addWidget(self.scroll, 1)
+        layout.addWidget(self.message_scroll, 1)
         layout.addWidget(self.notice)
-        layout.addWidget(self.sampling)
+        layout.addWidget(self.sampling_scroll)
         above_composer = QHBoxLayout()
         above_composer.addWidget(self.backend_picker)
         above_composer.addWidget(self.edit_banner, 1)
-        above_composer.addWidget(self.context_meter, 0, Qt.AlignRight)
+        above_composer.addWidget(self.context_meter, 0, Qt.AlignmentFlag.AlignRight)
         layout.addLayout(above_composer)
         layout.addLayout(composer_row)
 
@@ -155,18 +179,24 @@ class ChatView(QWidget):
         self._conversation_id = -1
         self._editing = -1
         self._generating = False
+        self._json_replies = False
         self._system_timer = QTimer(self, singleShot=True, interval=400)
         self._system_timer.timeout.connect(self._flush_system_prompt)
         self.system_toggle.toggled.connect(self.system_prompt.setVisible)
-        self.sampling_toggle.toggled.connect(self.sampling.setVisible)
+        self.sampling_toggle.toggled.connect(self.sampling_scroll.setVisible)
         self.system_prompt.textChanged.connect(self._system_timer.start)
         self.composer.submitted.connect(self._submit)
         self.composer.cancelled.connect(self.cancel_edit)
         self.send.clicked.connect(self._submit)
         self.stop.clicked.connect(self.stop_requested)
-        self.scroll.verticalScrollBar().rangeChanged.connect(self._follow_bottom)
+        self.message_scroll.verticalScrollBar().rangeChanged.connect(self._follow_bottom)
         self._at_bottom = True
-        self.scroll.verticalScrollBar().valueChanged.connect(self._track_bottom)
+        self.message_scroll.verticalScrollBar().valueChanged.connect(self._track_bottom)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        share = max(SAMPLING_MIN_HEIGHT, int(self.height() * SAMPLING_SHARE))
+        self.sampling_scroll.setMaximumHeight(share)
 
     # ---- what the window tells it --------------------------------------------------------
     def set_conversation(self, conversation: Conversation | None, messages: list[Message]) -> None:
@@ -190,24 +220,26 @@ class ChatView(QWidget):
             self.system_toggle.setChecked(True)
         for msg in messages:
             bubble = MessageBubble(msg.role, msg.id)
+            bubble.set_json_view(self._json_replies)
             bubble.set_content(msg.content, msg.status, msg.alternatives, msg.selected, msg.metrics)
             self._add_bubble(bubble)
         self.empty.setVisible(not messages)
         self._at_bottom = True
         self._refresh_actions()
 
-    def start_pending(self) -> None:
-        """Show an empty assistant bubble for the reply in flight."""
+    def start_pending(self) -> MessageBubble:
+        """Show an empty assistant bubble for the reply in flight (and return it)."""
         self._pending = MessageBubble("assistant", None)
+        self._pending.set_json_view(self._json_replies)
         self._pending.set_content("", "generating")
         self._add_bubble(self._pending)
         self._refresh_actions()
+        return self._pending
 
     def update_pending(self, texts: list[str], selected: int, metrics: dict | None) -> None:
-        if self._pending is None:
-            self.start_pending()
+        pending = self._pending if self._pending is not None else self.start_pending()
         alternatives = texts if len(texts) > 1 else None
-        self._pending.set_content(
+        pending.set_content(
             texts[0] if texts else "", "generating", alternatives, selected, metrics
         )
 
@@ -231,6 +263,16 @@ class ChatView(QWidget):
         self.send.setVisible(not on)
         self.stop.setVisible(on)
         self._refresh_actions()
+
+    def set_json_replies(self, on: bool, redraw: bool = True) -> None:
+        """Draw replies that are JSON indented, in a code block (the chat's structured output is
+        on); `redraw` False: only the bubbles drawn from now on (the chat is about to be)."""
+        if on == self._json_replies:
+            return
+        self._json_replies = on
+        if redraw:
+            for bubble in self._bubbles:
+                bubble.set_json_view(on)
 
     def show_notice(self, text: str) -> None:
         self.notice.setText(text)
@@ -305,9 +347,9 @@ class ChatView(QWidget):
             self.system_prompt_changed.emit(self._conversation_id, self.system_prompt.toPlainText())
 
     def _track_bottom(self, value: int) -> None:
-        bar = self.scroll.verticalScrollBar()
+        bar = self.message_scroll.verticalScrollBar()
         self._at_bottom = value >= bar.maximum() - 4
 
     def _follow_bottom(self, _low: int, high: int) -> None:
         if self._at_bottom:
-            self.scroll.verticalScrollBar().setValue(high)
+            self.message_scroll.verticalScrollBar().setValue(high)

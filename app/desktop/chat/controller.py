@@ -7,11 +7,13 @@ a crash loses at most the reply in flight. Each chat keeps its own sampling sett
 start from the app's defaults), and a reply always reads the chat as stored, after any edit still
 waiting to be saved. The window builds the widgets and hands them here.
 
-It owns its helpers and calls them: ChatBackends finds who answers a chat (this engine, a
-RemoteChatClient for a connected server's model, or an UnreachableBackend for a chat whose
-connection is gone; all with the engine client's surface, so sending, stopping and regenerating
-are the same code), BackendChoice stores the picker's choice and shows what the chat needs said
-about it, and CompletionStyle gives a base model's replies their defaults.
+It owns its helpers and calls them: ChatSampling shows and stores each chat's sampling settings
+and structured output and gives each reply its parameters (Send refuses while the chat's schema
+cannot be used), ChatBackends finds who answers a chat (this engine, a RemoteChatClient for a
+connected server's model, or an UnreachableBackend for a chat whose connection is gone; all with
+the engine client's surface, so sending, stopping and regenerating are the same code),
+BackendChoice stores the picker's choice and shows what the chat needs said about it, and
+CompletionStyle gives a base model's replies their defaults.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import itertools
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
@@ -28,29 +29,18 @@ from kvscope.app.core.request_ids import conversation_group, conversation_reques
 from kvscope.app.core.settings import SamplingSettings
 from kvscope.app.desktop.chat.backend_choice import BackendChoice
 from kvscope.app.desktop.chat.backends import ChatBackends
+from kvscope.app.desktop.chat.chat_sampling import ChatSampling
 from kvscope.app.desktop.chat.chat_view import ChatView
 from kvscope.app.desktop.chat.completion_style import CompletionStyle
 from kvscope.app.desktop.chat.context_meter import ContextMeterFeed
 from kvscope.app.desktop.chat.conversation_list import ConversationList
 from kvscope.app.desktop.chat.markdown import plain_text
+from kvscope.app.desktop.chat.pending_reply import PendingReply, store_reply
 from kvscope.app.desktop.chat.store import ChatStore, Conversation
 from kvscope.app.desktop.engine_thread.client import EngineClient
 
 NEW_CHAT_TITLE = "New chat"
 STREAM_REDRAW_MS = 80
-
-
-@dataclass
-class PendingReply:
-    """A reply in flight: lives in memory only until it finishes or is stopped."""
-
-    request_id: str
-    conversation_id: int
-    texts: list[str] = field(default_factory=list)
-    selected: int = 0
-    update: ReplyUpdate | None = None
-    client: object = None  # who generates it: the engine's client or a RemoteChatClient
-    replaces: int | None = None  # Regenerate: the reply it joins as an alternative (hidden now)
 
 
 class ChatController(QObject):
@@ -96,7 +86,8 @@ class ChatController(QObject):
         self.conversations = conversations
         self.client = client
         self._overflow_policy = overflow_policy
-        self._default_sampling = default_sampling
+        self.sampling = ChatSampling(store, chat, client, default_sampling, self)
+        self.sampling.save_failed.connect(self.notice_raised)
         self.pending: dict[int, PendingReply] = {}
         self._by_request: dict[str, int] = {}
         self._ids = itertools.count(1)
@@ -112,7 +103,6 @@ class ChatController(QObject):
         chat.regenerate_requested.connect(self.regenerate)
         chat.alternative_selected.connect(self._select_alternative)
         chat.system_prompt_changed.connect(self._system_prompt_changed)
-        chat.sampling.changed.connect(self._sampling_changed)
         self.context_meter = ContextMeterFeed(
             chat.context_meter,
             chat,
@@ -135,6 +125,7 @@ class ChatController(QObject):
     def _engine_changed(self, info) -> None:
         """A (re)built engine: its model may be a base model now, or no longer."""
         self.completion_style.engine_changed(info)
+        self.sampling.engine_changed()
         if self.current_id is not None:
             self.backend_choice.refresh_notice()
 
@@ -146,15 +137,12 @@ class ChatController(QObject):
     def new_conversation(self) -> int:
         """A new chat, with the app's default sampling settings (or, when no chat was open, the
         ones the panel shows: the user may have set them for this first chat)."""
-        none_open = self.current_id is None
-        chosen = self.chat.sampling.settings() if none_open else self._default_sampling()
+        chosen = self.sampling.for_new_chat(from_panel=self.current_id is None)
         # The model on show carries over, while its connection is there.
         remote = self.chat.backend_picker.current_target()
         if remote is not None and self.backends.connection_of(remote) is None:
             remote = None
-        conv = self.store.create_conversation(
-            NEW_CHAT_TITLE, sampling=chosen.params_kwargs(), remote=remote
-        )
+        conv = self.store.create_conversation(NEW_CHAT_TITLE, sampling=chosen, remote=remote)
         self.conversations.search.clear()
         self.conversations.refresh()
         self.open_conversation(conv.id)
@@ -171,8 +159,8 @@ class ChatController(QObject):
         self.chat.flush_system_prompt()  # before reading the chat back, or the box goes stale
         cid = self.current_id
         conv = self.store.conversation(cid) if cid is not None else None
-        self.chat.set_conversation(conv, self._messages(cid) if conv else [])
-        self.chat.sampling.set_settings(self.sampling_of(conv))
+        self.sampling.show(conv)
+        self.chat.set_conversation(conv, self._messages(conv.id) if conv else [])
         if conv is not None:
             self.chat.backend_picker.set_current(conv.remote)
         self.backend_choice.show_for(conv)
@@ -209,20 +197,7 @@ class ChatController(QObject):
 
     def sampling_of(self, conversation: Conversation | None) -> SamplingSettings:
         """A chat's own sampling settings; the defaults for none, an older chat or a bad entry."""
-        if conversation is None or conversation.sampling is None:
-            return self._default_sampling()
-        try:
-            return SamplingSettings.from_dict(conversation.sampling)
-        except ValueError:  # e.g. written by a newer KVScope with other limits
-            return self._default_sampling()
-
-    def _sampling_changed(self, sampling: SamplingSettings) -> None:
-        if self.current_id is None:
-            return  # no chat yet: the first one starts from what the panel shows
-        try:
-            self.store.set_sampling(self.current_id, sampling.params_kwargs())
-        except (sqlite3.Error, OSError) as e:
-            self.notice_raised.emit(f"The chat's sampling settings could not be saved: {e}")
+        return self.sampling.sampling_of(conversation)
 
     def refresh_group_labels(self) -> None:
         labels = {conversation_group(c.id): c.title for c in self.store.conversations()}
@@ -246,6 +221,8 @@ class ChatController(QObject):
         return cid
 
     def _send_requested(self, text: str, editing: int) -> None:
+        if self._schema_refused():
+            return  # the text stays in the message box
         try:
             if editing >= 0:
                 self.edit_and_resend(editing, text)
@@ -272,9 +249,22 @@ class ChatController(QObject):
         cid = conversation_id if conversation_id is not None else self.current_id
         if cid is None or cid in self.pending:
             return
+        if cid == self.current_id and self._schema_refused():
+            return
         messages = self.store.messages(cid)
         if messages:  # the old reply stays, hidden, and becomes an alternative of the new one
             self._start_reply(cid, messages[-1].id if messages[-1].role == "assistant" else None)
+
+    def _schema_refused(self) -> bool:
+        """The chat on show has structured output on with a schema that cannot be used: say so
+        beside the schema, which is opened, and send nothing."""
+        problem = self.sampling.send_problem()
+        if problem:
+            self.chat.sampling_toggle.setChecked(True)
+            self.chat.show_notice(f"Not sent: {problem} (Sampling ▸ Structured output)")
+            self.chat.sampling.structured.editor.setFocus()
+            self.chat.sampling_scroll.show_structured()
+        return bool(problem)
 
     def _messages(self, cid: int) -> list:
         """The chat's messages less a reply being regenerated: it is not in the context."""
@@ -299,11 +289,12 @@ class ChatController(QObject):
         conv = self.store.conversation(cid)
         request_id = conversation_request_id(cid, next(self._ids))
         backend = self.backends.for_chat(conv)
+        # First: a schema that is not JSON raises here, before the reply is in flight.
+        sampling = self.sampling.reply_params(conv, on_engine=backend is self.client)
+        params = self.completion_style.reply_params(conv, backend, sampling)
         self.pending[cid] = PendingReply(request_id, cid, client=backend, replaces=replaces)
         turns = [{"role": m.role, "content": m.content} for m in self._messages(cid)]
         self._by_request[request_id] = cid
-        sampling = self.sampling_of(conv).params_kwargs()
-        params = self.completion_style.reply_params(conv, backend, sampling)
         self.conversations.set_generating(cid, True)
         if cid == self.current_id:
             self._render_current()
@@ -336,7 +327,7 @@ class ChatController(QObject):
         status = "stopped" if stopped else "complete"
         texts = pending.texts or [""]
         try:
-            message = self._store_reply(pending, status)
+            message = store_reply(self.store, pending, status)
         except (sqlite3.Error, OSError) as e:
             # Not stored, so not shown as stored: the chat leaves "generating" (Stop and Send
             # work again) and the text is handed to the user in the error.
@@ -351,24 +342,6 @@ class ChatController(QObject):
             self.chat.finish_pending(message)
         self._forget(pending, redraw=False)
         self.reply_finished.emit(pending.conversation_id, status)
-
-    def _store_reply(self, pending: PendingReply, status: str):
-        """A new message, or Regenerate's reply added to the old one's alternatives."""
-        texts, metrics = pending.texts or [""], pending.update.metrics() if pending.update else None
-        if pending.replaces is not None:
-            return self.store.add_alternatives(
-                pending.replaces, texts, metrics, status, pending.selected
-            )
-        alternatives = texts if len(texts) > 1 else None
-        return self.store.add_message(
-            pending.conversation_id,
-            "assistant",
-            texts[pending.selected],
-            status,
-            alternatives,
-            pending.selected,
-            metrics,
-        )
 
     def _on_request_failed(self, request_id: str, message: str) -> None:
         cid = self._by_request.get(request_id)
@@ -395,7 +368,8 @@ class ChatController(QObject):
 
     def _select_alternative(self, message_id: int, index: int) -> None:
         if message_id < 0:
-            pending = self.pending.get(self.current_id)
+            cid = self.current_id
+            pending = self.pending.get(cid) if cid is not None else None
             if pending is not None:
                 pending.selected = index
                 metrics = pending.update.metrics() if pending.update else None
@@ -408,7 +382,7 @@ class ChatController(QObject):
         """On close: replies in flight are kept as far as they got, marked stopped."""
         for pending in list(self.pending.values()):
             if pending.update is not None:
-                self._store_reply(pending, "stopped")
+                store_reply(self.store, pending, "stopped")
         self.pending.clear()
         self._by_request.clear()
         self.backends.shutdown()  # remote streams close: their servers abort them

@@ -1,6 +1,8 @@
 """MessageBubble: one message of a chat (who, status, the n-sample switcher, actions, metrics).
 
 The bubble draws what it is given; edits, regeneration and switching samples go out as signals.
+A reply that is JSON may be drawn indented in a code block (`set_json_view`, for a chat with
+structured output on); Copy still copies the text as the model wrote it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from PySide6.QtWidgets import QFrame, QLabel, QToolButton, QVBoxLayout, QWidget
 
 from kvscope.app.desktop.chat.header_flow import HeaderFlow
 from kvscope.app.desktop.chat.markdown_view import MarkdownView
+from kvscope.app.desktop.chat.structured_output import json_markdown
 
 
 def format_metrics(metrics: dict, selected: int = 0, samples: int = 1) -> str:
@@ -56,23 +59,24 @@ class MessageBubble(QFrame):
         self.role = role
         self.message_id = message_id
         self.setObjectName("userBubble" if role == "user" else "assistantBubble")
-        self.who = QLabel("You" if role == "user" else "Assistant", objectName="bubbleRole")
-        self.status = QLabel(objectName="bubbleStatus")
-        self.prev_alt = QToolButton(text="‹", objectName="altButton")
-        self.alt_label = QLabel(objectName="altLabel")
-        self.next_alt = QToolButton(text="›", objectName="altButton")
-        self.copy = QToolButton(text="Copy", objectName="bubbleAction")
-        self.edit = QToolButton(text="Edit", objectName="bubbleAction")
-        self.regenerate = QToolButton(text="Regenerate", objectName="bubbleAction")
+        self.who = _label("bubbleRole", "You" if role == "user" else "Assistant")
+        self.status = _label("bubbleStatus")
+        self.prev_alt = _tool_button("‹", "altButton")
+        self.alt_label = _label("altLabel")
+        self.next_alt = _tool_button("›", "altButton")
+        self.copy = _tool_button("Copy", "bubbleAction")
+        self.edit = _tool_button("Edit", "bubbleAction")
+        self.regenerate = _tool_button("Regenerate", "bubbleAction")
         self.body = MarkdownView()
-        self.metrics = QLabel(objectName="bubbleMetrics", wordWrap=True)
+        self.metrics = _label("bubbleMetrics")
+        self.metrics.setWordWrap(True)
         # Who and the status on the left, the actions on the right; past the bubble's width
         # the actions wrap onto a second line rather than widening it (header_flow.py).
         self.header = header = HeaderFlow(spacing=6)
-        for w in (self.who, self.status):
-            header.add_lead(w)
-        for w in (self.prev_alt, self.alt_label, self.next_alt, self.copy, self.edit):
-            header.add_trail(w)
+        for lead in (self.who, self.status):
+            header.add_lead(lead)
+        for trail in (self.prev_alt, self.alt_label, self.next_alt, self.copy, self.edit):
+            header.add_trail(trail)
         header.add_trail(self.regenerate)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
@@ -82,9 +86,12 @@ class MessageBubble(QFrame):
         layout.addWidget(self.metrics)
         self._alternatives: list[str] = []
         self._selected = 0
+        self._json_view = False
+        self._content: tuple | None = None  # set_content's arguments, to draw again
+        self._written = ""  # the text shown, as the model wrote it (what Copy copies)
         self.edit.setVisible(role == "user" and message_id is not None)
         self.regenerate.setVisible(False)
-        self.copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.body.markdown()))
+        self.copy.clicked.connect(self._copy)
         self.edit.clicked.connect(lambda: self.edit_requested.emit(self.message_id))
         self.regenerate.clicked.connect(self.regenerate_requested)
         self.prev_alt.clicked.connect(lambda: self._step_alternative(-1))
@@ -98,10 +105,16 @@ class MessageBubble(QFrame):
         selected: int = 0,
         metrics: dict | None = None,
     ) -> None:
+        self._content = (text, status, alternatives, selected, metrics)
         self._alternatives = list(alternatives or [])
         self._selected = selected
         shown = self._alternatives[selected] if self._alternatives else text
-        self.body.set_markdown(shown or ("…" if status == "generating" else ""))
+        self._written = shown
+        # Not while streaming: a reply is JSON only once it is whole, and redrawing it indented
+        # at every pause would jump.
+        formatted = self._json_view and self.role == "assistant" and status != "generating"
+        drawn = json_markdown(shown) if formatted else None
+        self.body.set_markdown(drawn or shown or ("…" if status == "generating" else ""))
         labels = {"stopped": "stopped", "error": "error", "generating": "generating…"}
         self.status.setText(labels.get(status, ""))
         self.status.setProperty("state", status)
@@ -116,14 +129,37 @@ class MessageBubble(QFrame):
         self.metrics.setText(format_metrics(metrics or {}, selected, samples))
         self.metrics.setVisible(bool(metrics))
 
+    def set_json_view(self, on: bool) -> None:
+        """Draw a reply that is JSON indented in a code block (on) or as written (off)."""
+        if on != self._json_view:
+            self._json_view = on
+            if self._content is not None:
+                self.set_content(*self._content)
+
     def set_editable(self, on: bool) -> None:
         self.edit.setEnabled(on)
 
     def set_regenerable(self, on: bool) -> None:
         self.regenerate.setVisible(on)
 
+    def _copy(self) -> None:
+        QGuiApplication.clipboard().setText(self._written or self.body.markdown())
+
     def _step_alternative(self, delta: int) -> None:
         index = self._selected + delta
         if 0 <= index < len(self._alternatives):
             mid = self.message_id if self.message_id is not None else -1
             self.alternative_selected.emit(mid, index)
+
+
+def _label(name: str, text: str = "") -> QLabel:
+    label = QLabel(text)
+    label.setObjectName(name)
+    return label
+
+
+def _tool_button(text: str, name: str) -> QToolButton:
+    button = QToolButton()
+    button.setText(text)
+    button.setObjectName(name)
+    return button

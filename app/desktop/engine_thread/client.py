@@ -30,6 +30,7 @@ class EngineClient(QObject):
     _apply = Signal(object)
     _query_block = Signal(int)
     _count_tokens = Signal(int, str, object, int)
+    _check_schema = Signal(int, object)
     _start_recording = Signal(str)
     _stop_recording = Signal()
     _start_load = Signal(object)
@@ -41,16 +42,18 @@ class EngineClient(QObject):
 
     def __init__(self, settings: EngineSettings, loaded_model=None, parent=None) -> None:
         super().__init__(parent)
-        self.thread = QThread()
-        self.thread.setObjectName("kvscope-engine")
+        # Not `thread`: that would hide QObject.thread(), the thread this client lives in.
+        self.engine_thread = QThread()
+        self.engine_thread.setObjectName("kvscope-engine")
         self.worker = EngineWorker(settings, loaded_model)
-        self.worker.moveToThread(self.thread)
+        self.worker.moveToThread(self.engine_thread)
         self._start.connect(self.worker.start)
         self._submit.connect(self.worker.submit)
         self._stop.connect(self.worker.stop)
         self._apply.connect(self.worker.apply_settings)
         self._query_block.connect(self.worker.query_block)
         self._count_tokens.connect(self.worker.count_tokens)
+        self._check_schema.connect(self.worker.check_schema)
         self._start_recording.connect(self.worker.start_recording)
         self._stop_recording.connect(self.worker.stop_recording)
         self._start_load.connect(self.worker.start_load)
@@ -65,6 +68,7 @@ class EngineClient(QObject):
         self.request_output, self.request_failed = w.request_output, w.request_failed
         self.telemetry, self.block_info, self.error = w.telemetry, w.block_info, w.error
         self.load_status, self.context_usage = w.load_status, w.context_usage
+        self.schema_checked = w.schema_checked  # the answer to check_schema
         self.recording = w.recording
         self.kernel_status = w.kernel_status  # the CPU kernels' background compile
         self.server_state = w.server_state
@@ -82,7 +86,7 @@ class EngineClient(QObject):
         app = QCoreApplication.instance()
         if app is not None:
             app.aboutToQuit.connect(self.shutdown)
-        self.thread.start()
+        self.engine_thread.start()
         self._start.emit()
 
     def submit(
@@ -114,6 +118,10 @@ class EngineClient(QObject):
         """Ask how many prompt tokens these turns make; answered by `context_usage`."""
         self._count_tokens.emit(ticket, system_prompt, turns, max_tokens)
 
+    def check_schema(self, ticket: int, schema: object) -> None:
+        """Ask whether the engine can use this JSON Schema; answered by `schema_checked`."""
+        self._check_schema.emit(ticket, schema)
+
     def start_recording(self, path: str) -> None:
         """Record the engine's KV events to `path`; answered by `recording`."""
         self._start_recording.emit(path)
@@ -141,8 +149,8 @@ class EngineClient(QObject):
         self._take_trace.emit()
 
     def shutdown(self, timeout_ms: int = 60_000) -> None:
-        if self.thread.isRunning():
+        if self.engine_thread.isRunning():
             self._shutdown.emit()
-            if not self.thread.wait(timeout_ms):
+            if not self.engine_thread.wait(timeout_ms):
                 return  # mid-step still: stays registered, so it is not destroyed running
         _RUNNING.discard(self)

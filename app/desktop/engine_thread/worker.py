@@ -15,7 +15,9 @@ step drains and delivers to are the chats' replies (chat_replies.py), the simula
 Block tooltips are asynchronous: the GUI asks `query_block(block_id)`, the worker answers with
 `block_info(block_id, contents)` from `engine.block_contents(block_id)`. The composer's context
 meter is too: `count_tokens(...)` is answered by `context_usage(ContextUsage)`, counted with the
-engine's own chat template and tokenizer.
+engine's own chat template and tokenizer. So is a chat's JSON Schema: `check_schema(ticket,
+schema)` is answered by `schema_checked(ticket, error)`, compiled by SchemaChecks in a thread of
+its own (schema_checks.py).
 
 Recording: `start_recording(path)` has the engine write its KV events to a session file (the
 engine starts one only when idle, so a replay starts from an empty pool) until
@@ -38,19 +40,25 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from kvscope.app.core.context_fit import fit_conversation, prompt_ids, reply_reserve
 from kvscope.app.core.engine_messages import ContextUsage, RecordingState, ServerState
-from kvscope.app.core.engine_turn import run_turn
+from kvscope.app.core.engine_turn import WorkSource, run_turn
 from kvscope.app.core.settings import EngineSettings
 from kvscope.app.desktop.engine_thread.builder import EngineBuilder, describe_error
 from kvscope.app.desktop.engine_thread.chat_replies import ChatReplies
 from kvscope.app.desktop.engine_thread.kernel_switch import KernelSwitch
+from kvscope.app.desktop.engine_thread.schema_checks import SchemaChecks
 from kvscope.app.desktop.engine_thread.simulated_load import SimulatedLoad
 from kvscope.app.desktop.engine_thread.telemetry_feed import TELEMETRY_INTERVAL_S, TelemetryFeed
 from kvscope.app.desktop.simulated_users.step_speed import StepSpeed
+
+if TYPE_CHECKING:  # the engine and the server load on the worker's thread, when first used
+    from kvscope.app.serve.server import Server
+    from kvscope.engine import LLM, LLMEngine
 
 RECORD_WHEN_IDLE = (
     "Recording starts when the engine is idle: wait for the replies in flight (and stop "
@@ -70,6 +78,7 @@ class EngineWorker(QObject):
     request_failed = Signal(str, str)  # request id, message
     block_info = Signal(int, object)  # block id, dict from engine.block_contents
     context_usage = Signal(object)  # ContextUsage, the answer to count_tokens
+    schema_checked = Signal(int, object)  # ticket, "" | why the engine cannot use it | None
     error = Signal(str)  # an engine error outside any one request
     load_status = Signal(bool, str)  # simulated users running?, a line about them
     recording = Signal(object)  # RecordingState, after every start or stop
@@ -84,6 +93,7 @@ class EngineWorker(QObject):
         self.feed = TelemetryFeed()
         self.replies = ChatReplies(self._engine, self.request_output.emit, self.request_failed.emit)
         self.load = SimulatedLoad(self._engine, self.load_status.emit)
+        self.schema_checks = SchemaChecks(self.schema_checked.emit)
         # torch's CPU kernels while numba's compile in the background (kernel_switch.py)
         self._kernels = KernelSwitch(self)
         self.idle = threading.Event()
@@ -91,18 +101,18 @@ class EngineWorker(QObject):
         self._step_timer: QTimer | None = None
         self._telemetry_timer: QTimer | None = None
         self._recording_path = ""  # the session file being written, "" when not recording
-        self._server = None  # app.serve.server.Server while serving this engine
+        self._server: Server | None = None  # while serving this engine
         self._server_wake.connect(self._wake_for_server)
         self._speed: StepSpeed | None = None  # times this engine's steps (the load preset's)
-        self._speed_of = None  # a weak reference to the engine it listens to
+        self._speed_of: weakref.ref[LLMEngine] | None = None  # the engine it listens to
         self._speed_sent = 0.0
 
     @property
-    def llm(self):
+    def llm(self) -> LLM | None:
         """The engine's LLM, None before the first build (or after a failed first one)."""
         return self.builder.llm
 
-    def _engine(self):
+    def _engine(self) -> LLMEngine | None:
         return self.builder.llm.engine if self.builder.llm is not None else None
 
     def _mark_idle(self) -> None:
@@ -127,6 +137,7 @@ class EngineWorker(QObject):
         self.stop_server()
         self._abort_all()
         self.stop_recording()
+        self.schema_checks.shutdown()
         self.builder.release()
         self.idle.set()  # nothing left to wait for
         QThread.currentThread().quit()
@@ -222,6 +233,12 @@ class EngineWorker(QObject):
             return
         reserve = reply_reserve(engine.max_seq_len, max_tokens)
         self.context_usage.emit(ContextUsage(ticket, used, engine.max_seq_len, reserve))
+
+    @Slot(int, object)
+    def check_schema(self, ticket: int, schema: object) -> None:
+        """Answer whether the engine can compile `schema` (a chat's JSON Schema)."""
+        engine = self._engine()
+        self.schema_checks.check(engine.grammars if engine is not None else None, ticket, schema)
 
     @Slot()
     def take_trace(self) -> None:
@@ -322,27 +339,28 @@ class EngineWorker(QObject):
 
     # ---- the loop ------------------------------------------------------------------------
     def _wake(self, delay_s: float = 0.0) -> None:
+        assert self._step_timer is not None  # made by start(), the worker's first slot
         self._step_timer.start(max(0, int(delay_s * 1000)))
 
     def _step(self) -> None:
         if self.llm is None:
             return
         engine = self.llm.engine
-        sources = [self.replies, self.load]
+        sources: list[WorkSource] = [self.replies, self.load]
         if self._server is not None:  # the HTTP clients' adds, aborts and reads
             sources.append(self._server.driver)
-        self._time_steps_of(engine)
+        speed = self._time_steps_of(engine)
         turn = run_turn(engine, sources, before_step=self._mark_idle)
         self.feed.dirty = True
         if turn.error is not None:
             self.error.emit(f"Engine step failed: {describe_error(turn.error)}")
         elif turn.stepped:
-            self._speed.end_step(turn.seconds)
+            speed.end_step(turn.seconds)
             if self.feed.due():
                 self._publish()
             if time.monotonic() - self._speed_sent >= 1.0:
                 self._speed_sent = time.monotonic()
-                self.speed.emit(self._speed.speed())
+                self.speed.emit(speed.speed())
         self.load.report(self.feed.paged)
         self._mark_idle()
         if engine.has_unfinished_requests():
@@ -350,10 +368,12 @@ class EngineWorker(QObject):
         elif (arrival := self.load.next_arrival()) is not None:
             self._wake(arrival - time.monotonic())
 
-    def _time_steps_of(self, engine) -> None:
+    def _time_steps_of(self, engine: LLMEngine) -> StepSpeed:
         """Measure this engine's steps (a new one after every rebuild); a weak reference, so
         an old engine is not kept alive by it."""
-        if self._speed_of is None or self._speed_of() is not engine:
+        # _speed and _speed_of are set together; testing _speed too shows the checker it is set.
+        if self._speed is None or self._speed_of is None or self._speed_of() is not engine:
             self._speed = StepSpeed(engine.config.block_size)
             engine.subscribe_kv_events(self._speed.on_event)
             self._speed_of = weakref.ref(engine)
+        return self._speed

@@ -10,7 +10,7 @@ the render runs in the caller's thread and stops itself.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from jinja2 import Template
 from jinja2.exceptions import TemplateError, TemplateSyntaxError
@@ -41,31 +41,36 @@ def _compile(source: str) -> Template:
     return _environment.from_string(source)
 
 
-def pick_template(chat_template: str | Mapping) -> str:
-    """The template transformers would use without tools: the one, or a dict's "default"."""
+def pick_template(chat_template: str | Mapping[str, object], with_tools: bool = False) -> str:
+    """The template transformers would use: the one, or a dict's "tool_use" when tools are
+    given and it has one, else its "default"."""
     if isinstance(chat_template, Mapping):
+        if with_tools and "tool_use" in chat_template:
+            chat_template = {"default": chat_template["tool_use"]}
         if "default" not in chat_template:
             raise TemplateRenderError(
                 "this model has several chat templates and none is named 'default' "
                 f"(it has {sorted(chat_template)})"
             )
-        chat_template = chat_template["default"]
-    if not isinstance(chat_template, str):
-        raise TemplateRenderError(f"the chat template is a {type(chat_template).__name__}")
-    if len(chat_template) > MAX_TEMPLATE_CHARS:
+        template = chat_template["default"]
+    else:
+        template = chat_template
+    if not isinstance(template, str):
+        raise TemplateRenderError(f"the chat template is a {type(template).__name__}")
+    if len(template) > MAX_TEMPLATE_CHARS:
         raise TemplateBudgetError(
-            f"the chat template is {len(chat_template):,} characters, over the limit of "
+            f"the chat template is {len(template):,} characters, over the limit of "
             f"{MAX_TEMPLATE_CHARS:,}"
         )
-    return chat_template
+    return template
 
 
-def _template_messages(messages: list[dict]) -> list[dict]:
+def _template_messages(messages: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
     """The messages as transformers hands them to the template: None values dropped, plain
     copies, reasoning aliased under the names templates read."""
     out = []
-    for message in messages:
-        message = {k: v for k, v in message.items() if v is not None}
+    for given in messages:
+        message = {k: v for k, v in given.items() if v is not None}
         reasoning = next((message[k] for k in _REASONING_FIELDS if k in message), None)
         if reasoning is not None:
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
@@ -74,18 +79,23 @@ def _template_messages(messages: list[dict]) -> list[dict]:
 
 
 def render_chat_template(
-    chat_template: str | Mapping,
-    messages: list[dict],
+    chat_template: str | Mapping[str, object],
+    messages: Sequence[Mapping[str, object]],
     special_tokens: Mapping[str, object],
     budget: Budget,
     add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, object]] | None = None,
+    template_kwargs: Mapping[str, object] | None = None,
 ) -> str:
-    """The rendered prompt, or a TemplateBudgetError / TemplateRenderError (both ValueError)."""
-    source = pick_template(chat_template)
+    """The rendered prompt, or a TemplateBudgetError / TemplateRenderError (both ValueError).
+    `tools`: OpenAI's tool list, as transformers passes it; `template_kwargs`: more variables
+    (a request's chat_template_kwargs, e.g. enable_thinking), which never replace these."""
+    source = pick_template(chat_template, with_tools=bool(tools))
     variables = {
+        **dict(template_kwargs or {}),
         **dict(special_tokens),
         "messages": _template_messages(messages),
-        "tools": None,
+        "tools": [dict(t) for t in tools] if tools else None,
         "documents": None,
         "add_generation_prompt": add_generation_prompt,
     }

@@ -19,6 +19,7 @@ TINY = dict(
     bandwidth_bytes=1 << 24,
     skip_sharing=True,  # measured on its own below
     skip_allocators=True,  # likewise
+    skip_structured=True,  # likewise
 )
 
 

@@ -20,6 +20,8 @@ MAX_MODEL_LEN = 128
 REFUSED = {"chat": REFUSED_CHAT, "completion": REFUSED_COMPLETION}
 OUR_MODELS = {"chat": ChatCompletionRequest, "completion": OurCompletionRequest}
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
 # Honoured fields, each with a non-default value vLLM takes (and what else the body needs).
 HONOURED: dict[str, dict] = {
     "model": {},
@@ -46,9 +48,15 @@ HONOURED: dict[str, dict] = {
     "truncation_side": {"truncation_side": "left"},
     "stream": {"stream": True},
     "stream_options": {"stream": True, "stream_options": {"include_usage": True}},
+    "response_format": {"response_format": {"type": "json_object"}},
+    "structured_outputs": {"structured_outputs": {"regex": "[ab]+"}},
 }
 HONOURED_CHAT = {
     **HONOURED,
+    "tools": {"tools": [TOOL]},
+    "tool_choice": {"tools": [TOOL], "tool_choice": "required"},
+    "parallel_tool_calls": {"tools": [TOOL], "parallel_tool_calls": False},
+    "chat_template_kwargs": {"chat_template_kwargs": {"enable_thinking": False}},
     "messages": {},
     "max_completion_tokens": {"max_completion_tokens": 3},
     "logprobs": {"logprobs": True},
@@ -57,8 +65,6 @@ HONOURED_CHAT = {
 HONOURED_COMPLETION = {**HONOURED, "prompt": {}, "logprobs": {"logprobs": 2}}
 HONOURED_BY_KIND = {"chat": HONOURED_CHAT, "completion": HONOURED_COMPLETION}
 
-# A non-default value of each refused field that vLLM takes.
-TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 REFUSED_EXAMPLES: dict[str, dict] = {
     "use_beam_search": {"use_beam_search": True},
     "length_penalty": {"length_penalty": 0.5},
@@ -66,8 +72,6 @@ REFUSED_EXAMPLES: dict[str, dict] = {
     "prompt_logprobs": {"prompt_logprobs": 1},
     "logprob_token_ids": {"logprob_token_ids": [5]},  # with logprobs: see _refused_example
     "bad_words": {"bad_words": ["blue"]},
-    "response_format": {"response_format": {"type": "json_object"}},
-    "structured_outputs": {"structured_outputs": {"regex": "[ab]+"}},
     "repetition_detection": {"repetition_detection": {"max_pattern_size": 4, "min_count": 3}},
     "thinking_token_budget": {"thinking_token_budget": 10},
     "priority": {"priority": 1},
@@ -78,10 +82,8 @@ REFUSED_EXAMPLES: dict[str, dict] = {
     "routed_experts_prompt_start": {"routed_experts_prompt_start": 2},
     "stream_interval": {"stream_interval": 4},
     "echo": {"echo": True},
-    "tools": {"tools": [TOOL]},
     "documents": {"documents": [{"title": "a", "text": "b"}]},
     "chat_template": {"chat_template": "{{ messages[0]['content'] }}"},
-    "chat_template_kwargs": {"chat_template_kwargs": {"enable_thinking": False}},
     "reasoning_effort": {"reasoning_effort": "low"},
     "continue_final_message": {"continue_final_message": True, "add_generation_prompt": False},
     "add_generation_prompt": {"add_generation_prompt": False},
@@ -93,8 +95,6 @@ REFUSED_EXAMPLES: dict[str, dict] = {
 # Fields of vLLM's requests that ask nothing of sampling, accepted and left as they are.
 NOT_SAMPLING: dict[str, str] = {
     "user": "a caller's label: vLLM ignores it (KVScope colours the block map by it)",
-    "tool_choice": "only means something with tools, which are refused",
-    "parallel_tool_calls": "only means something with tools, which are refused",
     "include_reasoning": "no reasoning parser: reasoning stays in the content, as vLLM's without",
     "media_io_kwargs": "multimodal inputs: the served models read text only",
     "mm_processor_kwargs": "multimodal inputs: the served models read text only",
@@ -126,8 +126,6 @@ SAMPLING_PARAMS_ONLY = {
 
 
 CHAT_ONLY = {
-    "tool_choice",
-    "parallel_tool_calls",
     "include_reasoning",
     "media_io_kwargs",
     "mm_processor_kwargs",
