@@ -131,11 +131,9 @@ class LLM:
 
 def _prompt_list(prompts: Prompts) -> list[PromptInput]:
     """One prompt (text or token ids) or a list of them, as a non-empty list."""
-    if isinstance(prompts, str):
-        return [prompts]
-    items = list(prompts)
-    if not items:
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        # One prompt: text, or token ids (bytes too, which tokenizing then refuses by name).
+        return [cast(PromptInput, prompts)]
+    if not prompts:
         raise ValueError("prompts is empty")
-    if isinstance(items[0], int):  # one prompt of token ids
-        return [cast(list[int], items)]
-    return cast(list[PromptInput], items)
+    return list(cast(Sequence[PromptInput], prompts))
