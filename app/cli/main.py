@@ -7,7 +7,7 @@ import os
 import sys
 import typing
 
-from kvscope.app.cli import whatif
+from kvscope.app.cli import hub_commands, search_command, whatif
 from kvscope.app.core.block_hashes import ALGOS, DEFAULT_ALGO
 from kvscope.app.core.engine_flags import SAMPLING_FLAGS, engine_knobs
 from kvscope.engine.config import KNOB, QUANTIZATIONS, EngineConfig
@@ -317,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--sliding-tokens", type=int, default=4000, help="--sliding: tokens to generate"
     )
+    bench.add_argument(
+        "--download",
+        action="store_true",
+        help="instead: `kvscope pull` of a 200 MB file from a loopback hub against a plain "
+        "HTTP read of it, hashing included (bench_download.json)",
+    )
     # The engine knobs for --serve, but for flags bench already has (their value serves both).
     _engine_args(bench.add_argument_group("engine of --serve"), skip=bench._option_string_actions)
     _plan_args(sub.add_parser("plan", help="KV-cache memory arithmetic, no weights loaded"))
@@ -329,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="replay a recorded KV event file, step by step")
     replay.add_argument("events", help="file written by `kvscope record` or the app")
     whatif.add_parser(sub)
+    search_command.add_parser(sub)
+    hub_commands.add_pull_parser(sub)
     return parser
 
 
@@ -346,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
         return recording.run(args)
     if args.command == "whatif":
         return whatif.run(args)
+    if args.command == "pull":
+        return hub_commands.run_pull(args)
+    if args.command == "search":
+        return search_command.run(args)
     if args.command == "serve":
         from kvscope.app.serve.server import run as run_server
 

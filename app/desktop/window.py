@@ -37,6 +37,7 @@ from kvscope.app.desktop.chat.conversation_list import ConversationList
 from kvscope.app.desktop.chat.recovery import open_chat_store
 from kvscope.app.desktop.chat.store import default_store_path
 from kvscope.app.desktop.engine_thread.client import EngineClient
+from kvscope.app.desktop.get_model.controls import GetModelControls
 from kvscope.app.desktop.map_column import MapColumn
 from kvscope.app.desktop.models.discovery import remember_model
 from kvscope.app.desktop.models.headers import prefetch as prefetch_headers
@@ -135,6 +136,7 @@ class MainWindow(QMainWindow):
         add_engine_actions(self, self.server.actions())
         self.connect_action = add_connect_action(self, self.connections)
         self.whatif = WhatIfTab(self)  # Engine > What if…: a tab beside "This engine"
+        self.get_model = GetModelControls(self)  # Engine > Get a model…, the first-run offer
         self.status.addPermanentWidget(self.recording.button)
         self._connect_engine()
         self.client.start()

@@ -1,5 +1,5 @@
-"""The window's menu bar: Chat (new, delete, export, settings, quit), Engine (settings, pause
-the map, recording) and View (the theme).
+"""The window's menu bar: Chat (new, delete, export, settings, quit), Engine (settings, get a
+model, pause the map, recording) and View (the theme).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QMainWindow, QMenu, QWidget
 from kvscope.app.core.settings import THEMES
 
 SETTINGS_KEY = "Ctrl+,"  # LM Studio's, VS Code's; Qt's Preferences key is empty on Linux
+SETTINGS_ACTION = "modelSettingsAction"
 
 
 @dataclass
@@ -58,6 +59,7 @@ def build_menus(
         action.triggered.connect(lambda _checked, f=fmt: export_chat(f))
         exports.append(action)
     settings = QAction("Model and engine…", window)
+    settings.setObjectName(SETTINGS_ACTION)
     settings.setShortcuts(settings_shortcuts())
     settings.triggered.connect(open_settings)
     quit_ = QAction("Quit", window)
@@ -93,4 +95,20 @@ def add_engine_actions(window: QMainWindow, actions: list[QAction]) -> None:
         if isinstance(menu, QMenu) and menu.title() == "&Engine":
             menu.addSeparator()
             menu.addActions(actions)
+            return
+
+
+def add_model_action(window: QMainWindow, action: QAction) -> None:
+    """Put `action` (Get a model…: app/desktop/get_model/controls.py) in the Engine menu right
+    after "Model and engine…", where a user looking for another model looks."""
+    for menu_action in window.menuBar().actions():
+        menu = menu_action.menu()
+        if isinstance(menu, QMenu) and menu.title() == "&Engine":
+            actions = menu.actions()
+            names = [a.objectName() for a in actions]
+            after = names.index(SETTINGS_ACTION) + 1 if SETTINGS_ACTION in names else 0
+            if after < len(actions):
+                menu.insertAction(actions[after], action)
+            else:
+                menu.addAction(action)
             return

@@ -124,6 +124,7 @@ class ChatView(QWidget):
         self.empty = QLabel("Start a conversation: type below and press Enter.")
         self.empty.setObjectName("emptyHint")
         self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty.setWordWrap(True)  # one line was wider than the chat column at 1024 px
         self.message_layout.insertWidget(0, self.empty)
         self.notice = QLabel(wordWrap=True)
         self.notice.setObjectName("chatNotice")

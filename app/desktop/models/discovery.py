@@ -1,5 +1,7 @@
 """Find the GGUF files a user already has: the folders LM Studio, GPT4All and Jan download into,
-~/models, Ollama's models (app/desktop/models/ollama.py) and the models this app opened before.
+~/models, the Hugging Face cache (what `kvscope pull`, the Get a model window, huggingface_hub
+and llama.cpp's `-hf` downloaded: app/core/hub/cache_layout.py), Ollama's models
+(app/desktop/models/ollama.py) and the models this app opened before.
 
 Users of those apps keep gigabytes of models there and expect a picker to list them. The scan
 walks folders only (no file is opened), bounded in depth, count and time, skips what it cannot
@@ -25,6 +27,7 @@ MAX_FILES = 200
 SCAN_BUDGET_S = 2.0
 MAX_RECENT = 10
 RECENT_FILE = "recent_models.json"
+HUB_CACHE_LABEL = "Hugging Face"
 
 
 @dataclass(frozen=True)
@@ -191,16 +194,32 @@ def recent_gguf_files(data_dir: Path, names: dict[Path, str] | None = None) -> l
     return found
 
 
+def hub_cache_models() -> list[FoundModel]:
+    """The model GGUFs in the Hugging Face cache (HF_HUB_CACHE), a split model by its first
+    part; only verified files are ever there (partial downloads have another name)."""
+    # Imported here: the scan thread pays for huggingface_hub's import, not the app's start.
+    from kvscope.app.core.hub.pull import cached_ggufs
+
+    found = []
+    for path in cached_ggufs():
+        try:
+            found.append(FoundModel(path, path.stat().st_size, HUB_CACHE_LABEL))
+        except OSError:
+            continue
+    return found
+
+
 def discover(
     data_dir: Path, home: Path | None = None, environ: dict[str, str] | None = None
 ) -> list[FoundModel]:
-    """Recent models first, then the usual folders, then Ollama's; each file once."""
+    """Recent models first, then the usual folders, the Hugging Face cache, then Ollama's;
+    each file once."""
     pulled = ollama_models(ollama_models_dir(home, environ))
     ollama = [FoundModel(m.blob, m.size_bytes, "Ollama", m.name) for m in pulled]
     recent = recent_gguf_files(data_dir, {m.path.resolve(): m.name for m in ollama})
     known = {m.path.resolve() for m in recent}
     scanned = []
-    for model in [*find_gguf_files(search_roots(home)), *ollama]:
+    for model in [*find_gguf_files(search_roots(home)), *hub_cache_models(), *ollama]:
         if model.path.resolve() not in known:
             known.add(model.path.resolve())
             scanned.append(model)

@@ -111,7 +111,10 @@ class FoundModelsList(QWidget):
             item.setData(0, PATH_ROLE, str(model.path))
             item.setToolTip(0, f"{model.title}\n{model.path}")
             self.tree.addTopLevelItem(item)
-        where = "the LM Studio, GPT4All, Jan and Ollama folders, ~/models and recent models"
+        where = (
+            "the LM Studio, GPT4All, Jan and Ollama folders, the Hugging Face cache, ~/models"
+            " and recent models"
+        )
         line = f"{len(models)} found in {where}." if models else f"None found in {where}."
         self.status.setText(" ".join(part for part in (line, self._note) if part))
 

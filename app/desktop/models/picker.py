@@ -7,7 +7,8 @@ per token, blocks and tokens in the pool. The headers are cached per version of 
 (app/desktop/models/headers.py): a reopen reads nothing. Below the path it lists the GGUF files
 already on this computer (app/desktop/models/found_models.py), so a model from LM Studio, GPT4All or
 Ollama is one click away. Browse… takes a .gguf or an Ollama blob (hash-named, no suffix: GGUF
-by its magic).
+by its magic). "Get a model…" closes the dialog and opens the window's Engine ▸ Get a model…
+(app/desktop/get_model/): the dialog is window-modal, so that window would wait behind it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import Signal
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QComboBox,
+    QDialog,
     QFileDialog,
     QFormLayout,
     QGroupBox,
@@ -50,6 +53,7 @@ SOURCES = ("Bundled SmolLM2-135M-Instruct", "GGUF file", "HF model folder")
 GGUF_FILTERS = "GGUF (*.gguf);;Ollama blobs (sha256-*);;All files (*)"
 TITLE_CHARS = 44  # a longer model name is elided in the middle: the quantization suffix stays
 MIN_WIDTH = 380  # the found list's names stay readable ("gemma-3-2…-Q4_K_M.gguf")
+GET_MODEL_ACTION = "getModelAction"  # the main window's Engine ▸ Get a model… (by its name)
 
 
 def format_count(n: int) -> str:
@@ -78,10 +82,14 @@ class ModelPicker(QGroupBox):
         self._config: ModelConfig | None = None
         self._header: WeightsHeader | None = None  # weight shapes and stored kinds
         self.found = FoundModelsList(lambda: model_discovery.discover(paths.data_dir()))
+        self.get_model = QPushButton("Get a model…")
+        self.get_model.setObjectName("getModelButton")
+        self.get_model.setToolTip("Search the Hugging Face Hub for models that fit this machine")
 
         row = QHBoxLayout()
         row.addWidget(self.path, 1)
         row.addWidget(self.browse)
+        row.addWidget(self.get_model)  # on the path's row: the column has no height to spare
         form = QFormLayout()
         form.addRow("Source", self.source)
         form.addRow("Path", row)
@@ -101,6 +109,7 @@ class ModelPicker(QGroupBox):
         self.path.editingFinished.connect(self._reload)
         self.browse.clicked.connect(self._browse)
         self.found.model_chosen.connect(self.choose_gguf)
+        self.get_model.clicked.connect(self._get_model)
         self._source_changed()
 
     def model_path(self) -> str | None:
@@ -122,6 +131,24 @@ class ModelPicker(QGroupBox):
             self._reload()
         else:
             self.source.setCurrentIndex(1)  # reloads
+
+    def get_model_action(self) -> QAction | None:
+        """Engine ▸ Get a model… of the window this picker's dialog belongs to, if any."""
+        owner = self.window().parentWidget()
+        return owner.findChild(QAction, GET_MODEL_ACTION) if owner is not None else None
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().showEvent(event)
+        self.get_model.setEnabled(self.get_model_action() is not None)
+
+    def _get_model(self) -> None:
+        action = self.get_model_action()
+        if action is None:
+            return
+        dialog = self.window()
+        if isinstance(dialog, QDialog):
+            dialog.reject()
+        action.trigger()
 
     def _source_changed(self) -> None:
         custom = self.source.currentIndex() != 0

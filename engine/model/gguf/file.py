@@ -34,6 +34,9 @@ MIN_KV_SIZE = 8 + 4 + 1  # empty key, type, a one-byte value
 # A header is the metadata (the tokenizer: 1-10 MB for real vocabularies) and the tensor list;
 # the prefix read starts here and doubles, so at most twice the header is ever read.
 FIRST_HEADER_READ = 256 << 10
+# No real header comes near it (Gemma 3's 262k-token vocabulary: ~6 MB); a corrupt count past
+# it would otherwise read a remote file whole, doubling as it goes.
+MAX_HEADER_READ = 128 << 20
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -108,9 +111,7 @@ class GGUFBytes(Protocol):
     def __getitem__(self, key: slice, /) -> bytes: ...
 
 
-def read_gguf_header(
-    source: GGUFBytes, name: str, first_read: int = FIRST_HEADER_READ
-) -> GGUFFile:
+def read_gguf_header(source: GGUFBytes, name: str, first_read: int = FIRST_HEADER_READ) -> GGUFFile:
     """Parse the header of the GGUF file `source` reads, reading a prefix of `first_read` bytes
     and doubling it until the header parses; every tensor's `data` is empty. Raises ValueError
     naming `name` if the file is not one."""
@@ -126,6 +127,10 @@ def read_gguf_header(
         try:
             return _Parser(path, prefix, size).parse()
         except _PrefixTooShort:
+            if want >= MAX_HEADER_READ:
+                raise ValueError(
+                    f"{path}: the header runs past its first {want:,} bytes; no model's does"
+                ) from None
             want = min(size, 2 * want)
 
 

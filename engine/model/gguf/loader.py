@@ -90,7 +90,7 @@ def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> Load
     gguf_file = read_gguf(path)
     metadata = gguf_file.metadata
     arch = _architecture(metadata, path)
-    _check_tensor_types(gguf_file)
+    check_tensor_types(gguf_file)
     config = gguf_config(gguf_file)  # sizes checked here, before anything is sized by them
     row_orders = _rope_row_orders(gguf_file, arch) if arch in PERMUTED_QK_ARCHITECTURES else {}
     source = GGUFSource(gguf_file, row_orders)
@@ -114,7 +114,7 @@ def gguf_config(gguf_file: GGUFFile) -> ModelConfig:
     return _config(gguf_file.metadata, arch, names, freqs, gguf_file.path)
 
 
-def _check_tensor_types(gguf_file: GGUFFile) -> None:
+def check_tensor_types(gguf_file: GGUFFile) -> None:
     """Refuse, before reading any data, a tensor type the engine cannot run."""
     known = (*SUPPORTED_QUANT_TYPES, *DENSE_TYPES)
     for t in gguf_file.tensors:
@@ -141,7 +141,6 @@ class GGUFSource:
         self.tensors: dict[str, GGUFTensor] = {
             _hf_name(t.name, self.path, arch): t for t in gguf_file.tensors if t.name != ROPE_FREQS
         }
-        self.file_bytes = self.path.stat().st_size
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: t.shape for name, t in self.tensors.items()}
