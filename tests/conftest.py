@@ -132,3 +132,20 @@ def make_window(qtbot, default_model, tmp_path):
     # Collect the closed windows' Qt objects here, on the GUI thread, rather than whenever the
     # next test's engine thread happens to trigger a collection.
     gc.collect()
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    """A loopback Hub (tests/fake_hub.py) that this process's huggingface_hub (and our hub
+    code) uses, with its cache in `tmp_path/hf`."""
+    from fake_hub import FakeHub, point_huggingface_hub_at
+
+    with FakeHub() as hub:
+        point_huggingface_hub_at(hub, tmp_path / "hf", monkeypatch)
+        yield hub
+
+
+@pytest.fixture
+def hf_cache(tmp_path, fake_hub):
+    """The HF_HUB_CACHE the fake_hub fixture set up."""
+    return tmp_path / "hf" / "hub"

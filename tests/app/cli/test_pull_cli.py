@@ -6,11 +6,10 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_hub import FakeHub, point_huggingface_hub_at
+from fake_hub import FakeHub
 from huggingface_hub import try_to_load_from_cache
 
 from kvscope.app.cli.main import main
@@ -20,13 +19,6 @@ MIB = 1 << 20
 CHUNK = 64 << 10  # what huggingface_hub's HTTP client (httpcore) reads from a socket at once
 REPO = "org/Tiny-GGUF"
 Q4 = "Tiny-Q4_K_M.gguf"
-
-
-@pytest.fixture
-def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    with FakeHub() as hub:
-        point_huggingface_hub_at(hub, tmp_path / "hf", monkeypatch)
-        yield hub
 
 
 def test_the_last_line_is_the_local_path(

@@ -1,31 +1,16 @@
-"""Fixtures for the Get a model window's tests: a FakeHub this process's huggingface_hub uses,
-with its cache in a temp dir (as tests/app/core/hub/conftest.py), GGUF bytes small enough to
-serve and load at once, and a window whose threads are stopped after each test."""
+"""Fixtures for the Get a model window's tests (the fake_hub fixture is tests/conftest.py's):
+GGUF bytes small enough to serve and load at once, and a window whose threads are stopped after
+each test."""
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from fake_hub import FakeHub, point_huggingface_hub_at
+from fake_hub import FakeHub
 from tiny_models import make_quant_gguf, make_tiny_gguf
 
 from kvscope.app.core.hub.http_range import RetryPolicy
 
 FAST = RetryPolicy(stall_timeout_s=1.0, retry_base_s=0.01, retry_cap_s=0.05, max_failures=3)
-
-
-@pytest.fixture
-def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    """A FakeHub that huggingface_hub (and our hub code) uses, with a cache in `tmp_path/hf`."""
-    with FakeHub() as hub:
-        point_huggingface_hub_at(hub, tmp_path / "hf", monkeypatch)
-        yield hub
-
-
-@pytest.fixture
-def hf_cache(tmp_path: Path, fake_hub: FakeHub) -> Path:
-    """The HF_HUB_CACHE the fake_hub fixture set up."""
-    return tmp_path / "hf" / "hub"
 
 
 @pytest.fixture(scope="session")
