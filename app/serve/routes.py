@@ -64,6 +64,11 @@ def check_template_kwargs(kwargs: dict | None) -> dict | None:
     return kwargs
 
 
+def constraint_field(body: SamplingFields) -> str:
+    """The field a constraint came from, for its 400 (response_format wins, as it does)."""
+    return "response_format" if body.response_format is not None else "structured_outputs"
+
+
 def build_router(state: ServerState) -> APIRouter:
     router = APIRouter()
     ids = count(1)
@@ -239,7 +244,7 @@ def build_router(state: ServerState) -> APIRouter:
         params = sampling_params(
             state, body, body.max_completion_tokens or body.max_tokens, logprobs, constraint
         )
-        await constrain(constraint, "tools" if reply_format else "response_format")
+        await constrain(constraint, "tools" if reply_format else constraint_field(body))
         prompt = await chat_prompt(messages, tools, template_kwargs)
         # What the template added counts too: a prompt that cannot fit is not tokenized.
         check_prompt_chars(body, len(prompt), "messages")
@@ -260,7 +265,7 @@ def build_router(state: ServerState) -> APIRouter:
             check_prompt_chars(body, len(prompt), "prompt")
         constraint = read_structured_outputs(body.response_format, body.structured_outputs)
         params = sampling_params(state, body, body.max_tokens, body.logprobs, constraint)
-        await constrain(constraint, "response_format")
+        await constrain(constraint, constraint_field(body))
         return await respond(request, "completion", body, prompt, params, body.logprobs or 0)
 
     @router.post("/tokenize")

@@ -165,7 +165,7 @@ def _bad(client, server, **kwargs):
             "structured_outputs",
             "exactly one",
         ),
-        ({"extra_body": {"structured_outputs": {"regex": "(open"}}}, "response_format", "regex"),
+        ({"extra_body": {"structured_outputs": {"regex": "(open"}}}, "structured_outputs", "regex"),
         (
             {"extra_body": {"structured_outputs": {"structural_tag": "{}"}}},
             "structured_outputs",
