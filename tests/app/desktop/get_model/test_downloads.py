@@ -60,10 +60,16 @@ def test_pause_stops_the_bytes_and_resume_finishes_the_file(
 ) -> None:
     [hub_file] = publish(fake_hub, {"Slow-Q4_K_M.gguf": 6 * MIB}, rate=4 * MIB)
     row = get_model_window.download(hub_file)
+    notes: list[str] = []
+    row.task.progressed.connect(lambda p: notes.append(p.note))
     qtbot.waitUntil(lambda: fake_hub.bytes_served(hub_file.file) >= MIB, timeout=10_000)
     row.pause_button.click()
     assert row.state == "paused" and row.resume_button.isVisible()
-    qtbot.wait(300)  # the bytes already in flight land
+    # The download thread says "paused" once it has left the stream and closed the socket; on a
+    # loaded machine that can be a second after the click, and until then the server may still
+    # fill the socket buffers. What lands after it is the block in flight, at most.
+    qtbot.waitUntil(lambda: "paused" in notes, timeout=10_000)
+    qtbot.wait(300)
     stopped_at = fake_hub.bytes_served(hub_file.file)
     qtbot.wait(700)
     assert fake_hub.bytes_served(hub_file.file) == stopped_at < 6 * MIB
