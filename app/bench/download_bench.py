@@ -6,8 +6,8 @@ fetched by (a) a plain single-stream read, http.client into a buffer, hashed wit
 written to a file, as `curl -o` plus a checksum would, and (b) `Pull.run()` into a fresh HF cache,
 its listing, resume state, hashing, flush to the disk and publishing included. The issue's bar:
 (b) at least 90% of (a). Also timed: a read that neither hashes nor writes (the loopback's
-ceiling), and (a) through huggingface_hub's own HTTP client, the one the pull uses (what the
-pull's own machinery costs over its client).
+ceiling), and (a) through huggingface_hub's own HTTP client (which the pull uses for everything
+but the body bytes: what reading the body with it would cost).
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 One GET streams `bytes=done-` into a BlobSink; when the connection drops or no byte comes for
 `stall_timeout_s`, the next GET asks for the bytes still missing, after a backoff that doubles
-(capped) and resets whenever bytes arrived. Requests go through huggingface_hub's shared HTTP
-client (its proxy settings, offline switch and request ids); the caller builds the headers with
-huggingface_hub's `build_hf_headers` (token, user agent). A redirect to the CDN is followed by the
-client, which drops the token on the way off the hub's host.
+(capped) and resets whenever bytes arrived. The body is read by `http_get` (the standard
+library, a megabyte a read, the proxy environment honoured, the token dropped when a redirect
+leaves the hub's host); the caller builds the headers with huggingface_hub's `build_hf_headers`
+(token, user agent), and an error status is worded by huggingface_hub's `hf_raise_for_status`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx2
-from huggingface_hub.utils import get_session, hf_raise_for_status
+from huggingface_hub.utils import hf_raise_for_status
 
 from kvscope.app.core.hub.blob_sink import BlobSink
 from kvscope.app.core.hub.errors import PullCancelled, PullError
+from kvscope.app.core.hub.http_get import HttpBody, HttpTransportError, open_get
 from kvscope.app.core.hub.pull_control import PullControl
 
 _REPORT_EVERY = 1 << 20  # bytes between two progress calls: each costs a little
@@ -110,62 +111,78 @@ def _stream_once(
     on_bytes: Callable[[int], None],
     policy: RetryPolicy,
 ) -> int:
-    """One GET of the missing bytes; returns the new `done`. Each chunk is in the partial file
-    before the next is read, so a break (or a kill) loses at most the chunk in flight; the
-    _Retry raised says where the file stands."""
-    timeout = httpx2.Timeout(
-        policy.stall_timeout_s, connect=policy.connect_timeout_s, pool=policy.connect_timeout_s
-    )
+    """One GET of the missing bytes; returns the new `done`. Each buffer is handed to the
+    sink's writer before the next is read; the sink is drained before this returns or raises,
+    so the partial file holds every byte counted in `done` (a kill loses at most the buffers in
+    flight). The _Retry raised says where the file stands."""
     request_headers = {**headers, "Range": f"bytes={done}-", "Accept-Encoding": "identity"}
     reported = done
+    body: HttpBody | None = None
     try:
-        with get_session().stream(
-            "GET", url, headers=request_headers, timeout=timeout, follow_redirects=True
-        ) as response:
-            done = reported = _check_answer(response, sink, done, size, on_bytes)
-            stream = response.extensions.get("network_stream")
-            control.attach(stream.get_extra_info("socket") if stream is not None else None)
-            for chunk in response.iter_raw():
-                if done + len(chunk) > size:
-                    raise PullError(f"the server sent more than the file's {size:,} bytes.")
-                sink.write(chunk)
-                done += len(chunk)
-                if done - reported >= _REPORT_EVERY:
-                    on_bytes(done)
-                    reported = done
-    except httpx2.TransportError as error:
+        body = open_get(url, request_headers, policy.connect_timeout_s, policy.stall_timeout_s)
+        done = reported = _check_answer(body, sink, done, size, on_bytes)
+        control.attach(body.socket)
+        while done < size:
+            buffer = sink.buffer()
+            count = body.readinto(buffer[: min(len(buffer), size - done)])
+            if count == 0:
+                break
+            sink.submit(buffer, count)
+            done += count
+            if done - reported >= _REPORT_EVERY:
+                on_bytes(done)
+                reported = done
+        if done == size and body.readinto(memoryview(bytearray(1))) > 0:
+            raise PullError(f"the server sent more than the file's {size:,} bytes.")
+    except HttpTransportError as error:
         raise _Retry(_describe(error, policy), done) from error
     finally:
         control.attach(None)
+        if body is not None:
+            body.close()
+        sink.drain()
         if done != reported:
             on_bytes(done)
     if done < size:
-        raise _Retry(f"the server ended the response at byte {done:,} of {size:,}", done)
+        # http.client ends a body cut short without an error: a drop, or a shut socket.
+        raise _Retry(f"the connection dropped at byte {done:,} of {size:,}", done)
     return done
 
 
 def _check_answer(
-    response: httpx2.Response,
+    body: HttpBody,
     sink: BlobSink,
     done: int,
     size: int,
     on_bytes: Callable[[int], None],
 ) -> int:
     """Errors for a status that brings no bytes; returns where the body starts in the file."""
-    if response.status_code == 416:
+    if body.status == 416:
         raise _RangeRefused()
-    if response.status_code in _RETRY_STATUSES:
-        raise _Retry(f"the server answered HTTP {response.status_code}", done)
-    if response.status_code >= 400:
-        response.read()
-        hf_raise_for_status(response)
-    if response.status_code == 206:
-        _check_content_range(response.headers.get("Content-Range"), done, size)
+    if body.status in _RETRY_STATUSES:
+        raise _Retry(f"the server answered HTTP {body.status}", done)
+    if body.status >= 400:
+        _raise_hub_error(body)
+    if body.status == 206:
+        _check_content_range(body.headers.get("Content-Range"), done, size)
         return done
     if done > 0:
         sink.restart()  # the server ignored the Range and sends the whole file
         on_bytes(0)
     return 0
+
+
+def _raise_hub_error(body: HttpBody) -> None:
+    """huggingface_hub's own error for the answer (gated, not found, ...), so a pull words it
+    as search and listing do."""
+    response = httpx2.Response(
+        body.status,
+        headers=list(body.headers.items()),
+        content=body.read_all(),
+        request=httpx2.Request("GET", body.url),
+    )
+    hf_raise_for_status(response)
+    raise PullError(f"the server answered HTTP {body.status} for {body.url}")
 
 
 def _check_content_range(header: str | None, done: int, size: int) -> None:
@@ -179,13 +196,9 @@ def _check_content_range(header: str | None, done: int, size: int) -> None:
         )
 
 
-def _describe(error: httpx2.TransportError, policy: RetryPolicy) -> str:
-    if isinstance(error, httpx2.ReadTimeout):
+def _describe(error: HttpTransportError, policy: RetryPolicy) -> str:
+    if error.kind == "stall":
         return f"no bytes for {policy.stall_timeout_s:g} s"
-    if isinstance(error, httpx2.ConnectError):
+    if error.kind == "connect":
         return f"cannot connect ({error})"
-    if isinstance(error, httpx2.TimeoutException):
-        return "the connection timed out"
-    if isinstance(error, (httpx2.RemoteProtocolError, httpx2.ReadError)):
-        return "the connection dropped"
-    return f"the connection failed ({error or type(error).__name__})"
+    return "the connection dropped"
