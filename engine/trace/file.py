@@ -4,10 +4,13 @@ The header's "trace" entry holds the settings the session ran under; the `trace_
 the records (`engine.trace.records`), checked field by field by the KV events' reader. A file
 recorded before version 4 has no trace: that is a ValueError saying so, not an empty replay.
 Counts are bounded before anything grows with them, so a crafted file cannot take the memory.
+Every number is finite and in a range a real session has: a NaN arrival once kept a what-if
+waiting for a time that never came, and a step of -1e308 seconds printed as a 300-digit span.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from kvscope.engine.kv.events import (
@@ -29,6 +32,10 @@ from kvscope.engine.trace.records import (
 MAX_REQUESTS = 200_000
 MAX_STEPS = 2_000_000
 MAX_TOKENS = 100_000_000  # prompt and output token ids over the whole trace (~800 MB as ints)
+# Wall-clock seconds since 1970: up to the year ~5000, far past any recording and far below
+# where a span of them, sped up or slowed down by a what-if's rate_scale, loses its digits.
+MAX_TIME_S = 1e11
+MAX_STEP_S = 86_400.0  # one engine step of a day: anything longer is a damaged file
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -57,6 +64,7 @@ def read_trace(path: str | Path) -> Trace:
             if not is_trace_line(raw):
                 continue
             record = event_from_json(raw, TRACE_TYPES)
+            _check_numbers(record)
             tokens += _check(record, requests, finishes, steps)
         except ValueError as e:
             raise ValueError(f"{path}:{number}: {e}") from None
@@ -80,6 +88,21 @@ def read_trace(path: str | Path) -> Trace:
     return Trace(
         settings, tuple(requests.values()), finishes, tuple(steps), start_step, notes=notes
     )
+
+
+def _check_numbers(record: KVEvent) -> None:
+    """A record's seconds are finite and in range (NaN compares false with everything, so a
+    range check alone lets it through)."""
+    _in_range(f"{record.kind}.time", record.time, 0.0, MAX_TIME_S)
+    if isinstance(record, TracedStep):
+        _in_range(f"{record.kind}.duration", record.duration, 0.0, MAX_STEP_S)
+
+
+def _in_range(where: str, value: float, low: float, high: float) -> None:
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(
+            f"{where} is {value!r}; it must be a number of seconds in [{low:g}, {high:g}]"
+        )
 
 
 def _check(

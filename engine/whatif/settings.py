@@ -27,7 +27,11 @@ KV_DTYPES = {
     "bfloat16": torch.bfloat16,
     "fp8": torch.float8_e4m3fn,
 }
-MAX_RATE_SCALE = 100.0
+# Arrivals up to 100x as fast or as slow: a slower what-if stretches the trace's span by as
+# much (1e-300 once printed a 300-digit span).
+MIN_RATE_SCALE, MAX_RATE_SCALE = 0.01, 100.0
+# The knobs that count something: a given value is used as it is (0 is not "as recorded").
+COUNT_KNOBS = ("num_blocks", "block_size", "max_num_seqs", "max_model_len", "max_batched_tokens")
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,21 @@ class WhatIf:
             if name not in known:
                 raise ValueError(f"unknown what-if setting {raw_name!r}; one of {sorted(known)}")
             out[name] = _parse(name, text.strip())
-        return cls(**out)
+        what = cls(**out)
+        what.check()
+        return what
+
+    def check(self) -> None:
+        """ValueError for a value no recording makes sense of: a count below 1, an arrival
+        rate out of range (NaN included)."""
+        for name in COUNT_KNOBS:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} {value:,} is not a count: it must be >= 1")
+        if not MIN_RATE_SCALE <= self.rate_scale <= MAX_RATE_SCALE:
+            raise ValueError(
+                f"rate_scale {self.rate_scale:g} is not in [{MIN_RATE_SCALE:g}, {MAX_RATE_SCALE:g}]"
+            )
 
     def describe(self) -> str:
         """The knobs that differ from the recording, e.g. 'block_size=32, kv_pool=256 MiB'."""
@@ -104,7 +122,8 @@ def recorded_config(recorded: TraceSettings) -> SimConfig:
 
 def resolve(recorded: TraceSettings, what: WhatIf) -> SimConfig:
     """The settings `what` comes to over a recording made under `recorded`."""
-    block_size = what.block_size or recorded.block_size
+    what.check()
+    block_size = _given(what.block_size, recorded.block_size)
     if block_size not in BLOCK_SIZES:
         raise ValueError(f"block_size {block_size} is not one of {BLOCK_SIZES}")
     allocator = what.allocator or recorded.allocator
@@ -140,9 +159,9 @@ def resolve(recorded: TraceSettings, what: WhatIf) -> SimConfig:
         enable_prefix_caching=(
             recorded.enable_prefix_caching if what.prefix_caching is None else what.prefix_caching
         ),
-        max_num_seqs=what.max_num_seqs or recorded.max_num_seqs,
-        max_model_len=what.max_model_len or recorded.max_model_len,
-        max_batched_tokens=what.max_batched_tokens or recorded.max_batched_tokens,
+        max_num_seqs=_given(what.max_num_seqs, recorded.max_num_seqs),
+        max_model_len=_given(what.max_model_len, recorded.max_model_len),
+        max_batched_tokens=_given(what.max_batched_tokens, recorded.max_batched_tokens),
         rate_scale=what.rate_scale,
     )
     per_block = _block_bytes(config, recorded, dtype)
@@ -159,6 +178,10 @@ def resolve(recorded: TraceSettings, what: WhatIf) -> SimConfig:
         )
     _check(config, recorded)
     return config
+
+
+def _given(value: int | None, recorded: int) -> int:
+    return recorded if value is None else value
 
 
 def _block_bytes(config: SimConfig, recorded: TraceSettings, dtype: torch.dtype) -> int:
@@ -179,8 +202,6 @@ def _check(config: SimConfig, recorded: TraceSettings) -> None:
         )
     if config.max_num_seqs < 1 or config.max_batched_tokens < 1:
         raise ValueError("max_num_seqs and max_batched_tokens must be >= 1")
-    if not 0 < config.rate_scale <= MAX_RATE_SCALE:
-        raise ValueError(f"rate_scale {config.rate_scale} is not in (0, {MAX_RATE_SCALE:g}]")
 
 
 def _parse(name: str, text: str) -> int | str | bool | float:
