@@ -28,16 +28,12 @@ from kvscope.app.serve.protocol import (
     TokenizeRequest,
 )
 from kvscope.app.serve.responses import ResponseBuilder, sse
-from kvscope.app.serve.sampling import (
-    refuse_unsupported,
-    sampling_params,
-    truncated_prompt,
-    truncation_keep,
-)
+from kvscope.app.serve.sampling import refuse_unsupported, sampling_params
 from kvscope.app.serve.state import ServerState
 from kvscope.app.serve.structured import compile_off_loop, read_structured_outputs
 from kvscope.app.serve.tools.formats import ToolFormat
 from kvscope.app.serve.tools.request import ToolRequest
+from kvscope.app.serve.truncation import cut_text, truncated_prompt, truncation_keep
 from kvscope.engine import RequestOutput, SamplingParams, StructuredOutputsParams
 
 MAX_TEMPLATE_KWARGS_CHARS = 64 * 1024
@@ -77,7 +73,8 @@ def build_router(state: ServerState) -> APIRouter:
         """Refuse a prompt that cannot fit before it costs a tokenizer or template run: a
         4 MiB prompt refused anyway used to stall every stream while it was tokenized."""
         # /tokenize too: what it counts could never be sent, and a 3.9 M-character count cost
-        # the server 400 MB it kept.
+        # the server 400 MB it kept. A truncated prompt may be longer: it is cut by characters
+        # before it is tokenized (prompt_ids), the body's size bounding what is templated.
         truncating = getattr(body, "truncate_prompt_tokens", None) is not None
         if chars > state.max_prompt_chars and not truncating:
             raise APIError(
@@ -107,10 +104,13 @@ def build_router(state: ServerState) -> APIRouter:
 
     async def prompt_ids(body, prompt, param: str):
         """A text prompt's token ids, from the tokenizing pool (None for a token-id prompt),
-        then truncate_prompt_tokens: the engine thread never tokenizes a served prompt."""
+        then truncate_prompt_tokens: the engine thread never tokenizes a served prompt, and a
+        truncated one is cut by characters first, so no request tokenizes more than what
+        max_model_len (or the truncation) can use."""
         truncation_keep(state, body)  # a bad value is refused before the tokenizer runs
         ids = None
         if isinstance(prompt, str):
+            prompt = cut_text(state, body, prompt)
             try:
                 _text, ids = await tokenize_off_loop(state.engine.tokenize, prompt)
             except ValueError as e:

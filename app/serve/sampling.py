@@ -1,7 +1,7 @@
 """What a request's fields ask of the engine, read as vLLM 0.33's OpenAI server reads them (its
-`to_sampling_params`, its SamplingParams checks and its prompt truncation): the engine's
-SamplingParams, the prompt after truncate_prompt_tokens, and a 400 naming the field for what
-the engine cannot honour (app/serve/protocol.py lists both)."""
+`to_sampling_params` and its SamplingParams checks): the engine's
+SamplingParams, and a 400 naming the field for what the engine cannot honour
+(app/serve/protocol.py lists both). truncate_prompt_tokens: app/serve/truncation.py."""
 
 from __future__ import annotations
 
@@ -101,41 +101,3 @@ def sampling_params(
     except ParamError as e:
         raise APIError(400, str(e), e.param) from None
     return params
-
-
-def truncation_keep(state: ServerState, body: SamplingFields) -> int | None:
-    """How many tokens truncate_prompt_tokens keeps (None: no truncation), or its 400: checked
-    before the prompt costs a tokenizer run."""
-    keep = body.truncate_prompt_tokens
-    if keep is None:
-        return None
-    limit = state.max_model_len
-    if keep > limit:
-        raise APIError(
-            400,
-            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {limit}",
-            "truncate_prompt_tokens",
-        )
-    return limit - 1 if keep < 0 else keep
-
-
-def truncated_prompt(
-    state: ServerState,
-    body: SamplingFields,
-    prompt: str | list[int],
-    ids: list[int] | None,
-) -> tuple[str | list[int], list[int] | None]:
-    """The prompt after truncate_prompt_tokens (vLLM's rule: -1 keeps max_model_len - 1 tokens;
-    the side is truncation_side, else "left", keeping the prompt's end: vLLM's tokenizer
-    registry sets that side for every generating model, whatever the tokenizer's own says).
-    `ids`: a text prompt's tokens, computed off the event loop by the caller (None for a
-    token-id prompt). Returns the prompt to queue and its ids (None when it is ids itself)."""
-    keep = truncation_keep(state, body)
-    if keep is None:
-        return prompt, ids
-    tokens = prompt if ids is None else ids
-    assert not isinstance(tokens, str)  # a text prompt always comes with its ids
-    if keep >= len(tokens):
-        return prompt, ids
-    side = body.truncation_side or "left"
-    return list(tokens[-keep:] if side == "left" and keep else tokens[:keep]), None

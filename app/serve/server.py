@@ -98,7 +98,8 @@ class Server:
             model_names=(self.model_name,),
             max_model_len=engine.max_model_len,
             token_text=TokenText(engine.tokenizer),
-            max_prompt_chars=engine.max_prompt_chars,
+            # engine.max_prompt_chars is max_model_len x the longest token's characters.
+            longest_token_chars=engine.max_prompt_chars // engine.max_model_len,
         )
         self.app = build_app(self.state, api_key)
         self._uvicorn: uvicorn.Server | None = None

@@ -19,7 +19,13 @@ class ServerState:
     model_names: tuple[str, ...]
     max_model_len: int
     token_text: TokenText
-    # No prompt longer than this many characters can fit max_model_len tokens: a token spells
-    # at most the longest vocabulary entry. Checked before any tokenizing or templating.
-    max_prompt_chars: int = 1 << 62
+    # Characters of the longest vocabulary entry: a token spells at most this many of a text
+    # prompt's characters (the bound behind max_prompt_chars and truncation's cut).
+    longest_token_chars: int
     started: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """No prompt longer than this many characters can fit max_model_len tokens: checked
+        before any tokenizing or templating."""
+        return self.max_model_len * self.longest_token_chars
