@@ -113,7 +113,9 @@ class PoolTelemetry:
         self.block_size = block_size
         self.allocator = allocator
         self.group_windows = group_windows  # each KV group's window (None = full attention)
-        self.group = np.full(num_blocks, -1, dtype=np.int8)  # KV group of a used/cached block
+        # KV group of a used or cached block, -1 for none. int16: a recording may declare up to
+        # 256 groups (engine.kv.replay), a what-if trace up to its layers (engine.trace.records).
+        self.group = np.full(num_blocks, -1, dtype=np.int16)
         self.state = np.zeros(num_blocks, dtype=np.uint8)
         self.ref_count = np.zeros(num_blocks, dtype=np.int32)
         self.owner = np.full(num_blocks, -1, dtype=np.int64)
