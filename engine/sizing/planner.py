@@ -95,9 +95,9 @@ def model_config(model: ModelSpec = None) -> ModelConfig:
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"no model config in a {type(model).__name__}")  # Path(model) would raise
     # Imported here: the loaders bring in transformers, which plans from flags never need.
-    from kvscope.engine.model.gguf.file import read_gguf
     from kvscope.engine.model.gguf.identity import is_gguf_file
     from kvscope.engine.model.gguf.loader import gguf_config
+    from kvscope.engine.model.gguf.split import read_gguf_model
     from kvscope.engine.model.hf_loader import hf_config
     from kvscope.engine.model.loader import default_model_path
 
@@ -118,7 +118,7 @@ def model_config(model: ModelSpec = None) -> ModelConfig:
         path = ggufs[0]
     if not is_gguf_file(path):  # by suffix or magic: Ollama's blobs are hash-named
         raise ValueError(f"{path} is neither a .gguf file, a config.json nor a model folder")
-    return gguf_config(read_gguf(path))
+    return gguf_config(read_gguf_model(path))
 
 
 def estimate_weight_bytes(mc: ModelConfig, dtype: str = "fp16") -> int:
@@ -324,9 +324,9 @@ def weights_header(model: ModelSpec) -> tuple[dict[str, tuple[int, ...]], dict[s
     if model is not None and not isinstance(model, (str, os.PathLike)):
         weights = getattr(model, "weights", None)  # a LoadedModel
         return (weights.shapes(), weights.kinds()) if weights is not None else None
-    from kvscope.engine.model.gguf.file import read_gguf
     from kvscope.engine.model.gguf.identity import is_gguf_file
     from kvscope.engine.model.gguf.loader import GGUFSource
+    from kvscope.engine.model.gguf.split import read_gguf_model
     from kvscope.engine.model.loader import default_model_path
 
     path = default_model_path() if model is None or model == "default" else Path(model).expanduser()
@@ -334,7 +334,7 @@ def weights_header(model: ModelSpec) -> tuple[dict[str, tuple[int, ...]], dict[s
         ggufs = sorted(path.glob("*.gguf"))
         path = ggufs[0] if len(ggufs) == 1 else path
     if is_gguf_file(path):
-        source = GGUFSource(read_gguf(path), {})
+        source = GGUFSource(read_gguf_model(path), {})
         return source.shapes(), source.kinds()
     folder = path if path.is_dir() else path.parent
     files = sorted(folder.glob("*.safetensors"))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kvscope.app.desktop.models.ollama import ollama_models, ollama_models_dir
 from kvscope.engine.model.gguf.identity import is_gguf_file
+from kvscope.engine.model.gguf.split import split_part_number
 
 MAX_DEPTH = 6  # LM Studio: models/<publisher>/<repo>/<file>.gguf; a little room beyond
 MAX_FILES = 200
@@ -129,17 +130,28 @@ def _is_dir(entry: os.DirEntry) -> bool:
 def _as_model(entry: os.DirEntry, source: str, seen: set[Path]) -> FoundModel | None:
     if not entry.name.lower().endswith(".gguf"):
         return None
+    part = split_part_number(entry.name)
+    if part is not None and part[0] != 1:
+        return None  # a split model is listed once, by its first part, which opens it whole
     try:
         if not entry.is_file():
             return None
         real = Path(entry.path).resolve()
-        size = entry.stat().st_size
+        size = entry.stat().st_size if part is None else _split_size(Path(entry.path), part[1])
     except (OSError, RuntimeError):  # RuntimeError: resolve() of a symlink loop
         return None
     if real in seen:
         return None
     seen.add(real)
     return FoundModel(Path(entry.path), size, source)
+
+
+def _split_size(first: Path, count: int) -> int:
+    """Bytes of the parts present beside a split model's first part (its other parts share
+    the first's name but for the number)."""
+    stem = first.name[: -len("-00001-of-00000.gguf")]
+    parts = (first.with_name(f"{stem}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1))
+    return sum(p.stat().st_size for p in parts if p.is_file())
 
 
 def describe(path: Path) -> ModelSummary:

@@ -80,6 +80,7 @@ class GGUFTensor:
     # empty (size 0) from read_gguf_header, which reads no tensor data
     offset: int = 0  # where its bytes start in the file
     nbytes: int = 0
+    file: Path | None = None  # the file its bytes are in (a split model's part); None: unknown
 
 
 @dataclass(frozen=True)
@@ -299,4 +300,4 @@ class _Parser:
             data = np.empty(0, dtype)
         else:
             data = np.frombuffer(self.buf, dtype, count, start).reshape(data_shape)
-        return GGUFTensor(name, qtype, shape, data, start, n_bytes)
+        return GGUFTensor(name, qtype, shape, data, start, n_bytes, self.path)

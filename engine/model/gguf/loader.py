@@ -21,9 +21,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from kvscope.engine.memory.model_too_large import ModelTooLargeError
 from kvscope.engine.model import gemma3_config
 from kvscope.engine.model.config_limits import check_layer_count, check_sizes
-from kvscope.engine.model.gguf.file import GGUFFile, GGUFTensor, read_gguf
+from kvscope.engine.model.gguf.file import GGUFFile, GGUFTensor
 from kvscope.engine.model.gguf.identity import name_fields
 from kvscope.engine.model.gguf.rope import gguf_rope_scaling
+from kvscope.engine.model.gguf.split import read_gguf_model
 from kvscope.engine.model.loaded_model import LoadedModel, check_weights, turn_end_token_ids
 from kvscope.engine.model.model_config import ModelConfig
 from kvscope.engine.model.remote_code import refuse_remote_code
@@ -87,7 +88,8 @@ def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> Load
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file does not exist: {path}")
-    gguf_file = read_gguf(path)
+    gguf_file = read_gguf_model(path)
+    path = gguf_file.path  # a split model's first part: its metadata is the model's
     metadata = gguf_file.metadata
     arch = _architecture(metadata, path)
     check_tensor_types(gguf_file)
@@ -150,7 +152,7 @@ class GGUFSource:
 
     def read(self, name: str, quantization: str, dtype: torch.dtype) -> Weight:
         t = self.tensors[name]
-        with open(self.path, "rb") as f:
+        with open(t.file or self.path, "rb") as f:
             if t.qtype in DENSE_TYPES:
                 raw = read_exact(f, t.offset, t.nbytes).view(_DENSE_NUMPY[t.qtype])
                 raw = raw.reshape(t.shape)

@@ -6,8 +6,8 @@ tensor's shape and stored type (`GGUFSource`), all of them in the header (`read_
 plus the few bytes of a llama3 `rope_freqs` tensor the config needs. A split GGUF
 (`-00001-of-00003.gguf`) keeps the metadata in its first part and lists each part's tensors in
 that part's own header, so every part's header is read. A file the engine could size but not run
-(a tensor type it lacks, a split file, which the loader reads as one file only) says why in
-`problem` rather than raising: the search shows it with its figures.
+(a tensor type it lacks) says why in `problem` rather than raising: the search shows it with its
+figures.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def read_remote_gguf(parts: Sequence[GGUFBytes], name: str) -> RemoteGGUF:
     shapes, kinds = source.shapes(), source.kinds()
     label, _ = quantization_label(first.metadata, shapes, kinds)
     header_bytes = sum(h.data_offset for h in headers)
-    return RemoteGGUF(config, shapes, kinds, label, header_bytes, _problem(whole, len(parts)))
+    return RemoteGGUF(config, shapes, kinds, label, header_bytes, _problem(whole))
 
 
 def _with_rope_freqs(tensor: GGUFTensor, part: GGUFBytes, header: GGUFFile) -> GGUFTensor:
@@ -85,14 +85,9 @@ def _with_rope_freqs(tensor: GGUFTensor, part: GGUFBytes, header: GGUFFile) -> G
     return replace(tensor, data=np.frombuffer(raw, np.dtype("<f4")))
 
 
-def _problem(whole: GGUFFile, num_parts: int) -> str | None:
+def _problem(whole: GGUFFile) -> str | None:
     try:
         check_tensor_types(whole)
     except ValueError as e:
         return str(e)
-    if num_parts > 1:
-        return (
-            f"{whole.path}: a GGUF split into {num_parts} parts, and KVScope loads a model from "
-            "one file: merge the parts first (llama.cpp's `llama-gguf-split --merge`)"
-        )
     return None

@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvscope.engine.model.gguf.file import read_gguf
 from kvscope.engine.model.gguf.identity import name_fields, quantization_label
 from kvscope.engine.model.gguf.loader import GGUFSource, gguf_config
+from kvscope.engine.model.gguf.split import read_gguf_model
 
 __all__ = ["GGUFSummary", "summarize_gguf"]
 
@@ -30,7 +30,7 @@ class GGUFSummary:
 
 def summarize_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
     """The header's summary; raises whatever a damaged or unsupported file raises."""
-    gguf_file = read_gguf(path)
+    gguf_file = read_gguf_model(path)
     gguf_config(gguf_file)  # a file the engine cannot size says why here, not at load
     source = GGUFSource(gguf_file, {})
     label, why = quantization_label(gguf_file.metadata, source.shapes(), source.kinds())

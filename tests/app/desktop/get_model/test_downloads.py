@@ -32,6 +32,20 @@ def publish(hub: FakeHub, sizes: dict[str, int], rate: float) -> list[HubFile]:
     ]
 
 
+def settled_count(count, qtbot, quiet_ms: int = 300, timeout_ms: int = 5_000) -> int:  # type: ignore[no-untyped-def]
+    """`count()` once it has not changed for `quiet_ms`: a server thread the machine's load
+    kept from counting its last write gets to do so first."""
+    last, waited = count(), 0
+    while waited < timeout_ms:
+        qtbot.wait(quiet_ms)
+        waited += quiet_ms
+        now = count()
+        if now == last:
+            return int(now)
+        last = now
+    raise AssertionError(f"the count was still changing after {timeout_ms} ms: {last}")
+
+
 def partials(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.rglob(f"*{PARTIAL_SUFFIX}*"))
 
@@ -69,8 +83,7 @@ def test_pause_stops_the_bytes_and_resume_finishes_the_file(
     # loaded machine that can be a second after the click, and until then the server may still
     # fill the socket buffers. What lands after it is the block in flight, at most.
     qtbot.waitUntil(lambda: "paused" in notes, timeout=10_000)
-    qtbot.wait(300)
-    stopped_at = fake_hub.bytes_served(hub_file.file)
+    stopped_at = settled_count(lambda: fake_hub.bytes_served(hub_file.file), qtbot)
     qtbot.wait(700)
     assert fake_hub.bytes_served(hub_file.file) == stopped_at < 6 * MIB
     assert "paused" in row.detail.text()

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from split_gguf import write_split_gguf
 from tiny_models import make_quant_gguf, make_tiny_gguf
 
 from kvscope.app.desktop.models import discovery as model_discovery
@@ -53,6 +54,15 @@ def test_the_usual_folders_are_searched_and_each_file_is_listed_once(tmp_path, t
     assert by_path[paths["jan"]].source == "Jan"
     assert by_path[paths["lmstudio"]].size_bytes == paths["lmstudio"].stat().st_size
     # A blob no manifest names (a pull that did not finish) is not listed: see test_ollama_models.
+
+
+def test_a_split_model_is_one_entry_with_every_part_counted(tmp_path, tiny_ggufs):
+    parts = write_split_gguf(tiny_ggufs["q8"], tmp_path / "models" / "Tiny-GGUF", max_tensors=8)
+    assert len(parts) == 3
+    [found] = find_gguf_files([SearchRoot("Models", tmp_path / "models")])
+    assert found.path == parts[0]
+    assert found.size_bytes == sum(p.stat().st_size for p in parts)
+    assert model_discovery.describe(found.path).quantization == "Q8_0"
 
 
 def test_gpt4all_folder_follows_the_platform(tmp_path, monkeypatch):
