@@ -288,20 +288,27 @@ def build_router(state: ServerState) -> APIRouter:
             text = body.prompt
             check_prompt_chars(body, len(text), "prompt")
         try:
-            # In a worker thread: a multi-MiB prompt must not hold the event loop (every other
-            # client, /health included) for the seconds it takes.
-            _text, ids = await tokenize_off_loop(state.engine.tokenize, text)
+            # The answer is built whole in the tokenizing pool, its JSON included: with 1,000
+            # /tokenize calls queued, encoding their token lists on the event loop (FastAPI's
+            # jsonable_encoder, ms each) kept /health waiting seconds.
+            answer = await tokenize_off_loop(tokenize_answer, text, bool(body.return_token_strs))
         except ValueError as e:
             raise APIError(400, str(e), "prompt") from None
-        # vLLM's TokenizeResponse: token_strs is null unless asked for, then the tokenizer's
-        # own pieces (convert_ids_to_tokens), not decoded text.
-        strs = state.engine.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
-        return {
+        return Response(answer, media_type="application/json")
+
+    def tokenize_answer(text: str, with_strs: bool) -> bytes:
+        """vLLM's TokenizeResponse as JSON bytes: token_strs is null unless asked for, then the
+        tokenizer's own pieces (convert_ids_to_tokens), not decoded text."""
+        _text, ids = state.engine.tokenize(text)
+        strs = state.engine.tokenizer.convert_ids_to_tokens(ids) if with_strs else None
+        answer = {
             "count": len(ids),
             "max_model_len": state.max_model_len,
             "tokens": ids,
             "token_strs": strs,
         }
+        # As Starlette's JSONResponse renders it.
+        return json.dumps(answer, ensure_ascii=False, separators=(",", ":")).encode()
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
