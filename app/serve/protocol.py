@@ -20,7 +20,8 @@ sampling field with why.
   custom chat template, echo). spaces_between_special_tokens: false is refused only with
   skip_special_tokens: false, the one case where vLLM's output would differ.
 - Unknown fields are ignored, as OpenAI-compatible servers do, so clients that send extras
-  (metadata) still work.
+  (metadata) still work; but not best_of (OpenAI's legacy completions field, vLLM's before its
+  V1 engine), which asks for other output: refused unless it equals n (DROPPED_BY_VLLM).
 
 Counts and token ids are ints, never booleans (true is not token 1)."""
 
@@ -84,6 +85,11 @@ REFUSED_COMPLETION: dict[str, tuple] = {
     "suffix": (None,),  # no fill-in-the-middle rendering
     "prompt_embeds": (None,),
 }
+
+# Fields vLLM 0.33's request models no longer declare: its server drops them as unknown extras
+# (a debug log), though a client sending one expects other output than it gets. best_of: keep
+# the best n of best_of candidates; unused when it is n (every candidate is kept).
+DROPPED_BY_VLLM = ("best_of",)
 
 
 def refused_field(body: BaseModel, refused: dict[str, tuple]) -> str | None:

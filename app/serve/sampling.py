@@ -25,6 +25,14 @@ def refuse_unsupported(body: SamplingFields, refused: dict[str, tuple]) -> None:
     if name is not None:
         value = repr((body.model_extra or {})[name])[:80]  # refused_field found it there
         raise APIError(400, f"{name} is not supported by this server (got {value})", name)
+    best_of = (body.model_extra or {}).get("best_of")
+    if best_of is not None and not (type(best_of) is int and best_of == body.n):
+        raise APIError(
+            400,
+            f"best_of is not supported by this server (got {repr(best_of)[:80]}, n={body.n}): "
+            "vLLM 0.33 dropped it too; ask for n candidates and compare their logprobs",
+            "best_of",
+        )
 
 
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:

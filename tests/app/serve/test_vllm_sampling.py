@@ -7,12 +7,18 @@ tests/app/serve/test_vllm_sampling_behaviour.py."""
 
 from __future__ import annotations
 
+import openai
 import pytest
 import vllm_code
 from served import start_server
 from vllm_requests import PATHS, post, sampling_reads, verdict, vllm_fields
 
-from kvscope.app.serve.protocol import REFUSED_CHAT, REFUSED_COMPLETION, ChatCompletionRequest
+from kvscope.app.serve.protocol import (
+    DROPPED_BY_VLLM,
+    REFUSED_CHAT,
+    REFUSED_COMPLETION,
+    ChatCompletionRequest,
+)
 from kvscope.app.serve.protocol import CompletionRequest as OurCompletionRequest
 from kvscope.engine.sampling_params import SamplingParams
 
@@ -328,3 +334,31 @@ def test_booleans_are_not_ints(server, path, body, param):
     status, answer = post(server.base_url, path, full)
     assert status == 400, answer
     assert answer["error"]["param"].split(".")[0] == param, answer
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_best_of_is_refused_not_dropped(server, kind):
+    """vLLM 0.33 no longer declares best_of and drops it as an unknown extra: the client gets n
+    answers, not the best n of best_of, and is not told. Here it is a 400 naming it."""
+    for name in DROPPED_BY_VLLM:
+        assert name not in vllm_fields(kind)
+    body = _body(server, kind, {"best_of": 3})
+    _vllm_takes(server, kind, body)
+    status, answer = post(server.base_url, PATHS[kind], body)
+    assert status == 400, answer
+    assert answer["error"]["param"] == "best_of" and "got 3, n=1" in answer["error"]["message"]
+    for same in ({"best_of": None}, {"best_of": 1}, {"best_of": 2, "n": 2, "temperature": 1}):
+        status, answer = post(server.base_url, PATHS[kind], _body(server, kind, same))
+        assert status == 200, (same, answer)  # best_of == n keeps every candidate: no change
+    status, answer = post(server.base_url, PATHS[kind], _body(server, kind, {"best_of": True}))
+    assert status == 400 and answer["error"]["param"] == "best_of"
+
+
+def test_best_of_through_openais_client(server):
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
+    asked = {"model": server.model_name, "prompt": "1, 2,", "max_tokens": 2}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(**asked, best_of=4)
+    assert refused.value.body["param"] == "best_of"
+    answer = client.completions.create(**asked, best_of=1)
+    assert len(answer.choices) == 1
