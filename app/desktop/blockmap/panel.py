@@ -220,6 +220,8 @@ class BlockMapPanel(QWidget):
 
     def set_group_labels(self, labels: dict[str, str]) -> None:
         self.labels = dict(labels)
+        for view in (self.paged_map, self.shadow_map):
+            view.labels = self.labels  # the overview's bin cards name groups by their labels
         self._update_legend()
 
     def set_block_info_provider(self, fn: Callable[[int], None] | None) -> None:

@@ -100,14 +100,13 @@ def cell_pixels(cols: int, rows: int, width_px: int, height_px: int) -> int:
     return int(np.clip(np.floor(fit), 1, MAX_CELL_PX))
 
 
-def _owner_rows(snapshot: KVSnapshot, ids: np.ndarray, unknown: int, free: int) -> np.ndarray:
+def owner_rows(owner: np.ndarray, ids: np.ndarray, unknown: int, free: int) -> np.ndarray:
     """Row of each block's owner in a per-sequence table (`unknown` if unlisted, `free` if none).
 
     Sequence ids are a counter, so a dense lookup table indexed by id beats a sorted search.
     """
-    owner = snapshot.owner
     top = int(max(owner.max(initial=-1), ids.max(initial=-1)))
-    if top > 4 * snapshot.num_blocks + 1_000_000:  # ids too sparse for a dense table
+    if top > 4 * len(owner) + 1_000_000:  # ids too sparse for a dense table
         pos = np.searchsorted(ids, owner)
         pos_ok = np.minimum(pos, max(len(ids) - 1, 0))
         known = (pos < len(ids)) & (ids[pos_ok] == owner) if len(ids) else owner < -1
@@ -116,6 +115,37 @@ def _owner_rows(snapshot: KVSnapshot, ids: np.ndarray, unknown: int, free: int) 
     lut[ids] = np.arange(len(ids), dtype=np.int32)
     lut[-1] = free  # owner -1 indexes the last entry
     return lut[owner]
+
+
+@dataclass(frozen=True)
+class OwnerColors:
+    """The snapshot's sequences by id, their group colours, then the flat colours' rows."""
+
+    ids: np.ndarray  # int64 seq ids, sorted
+    base: np.ndarray  # uint32 packed: one row per sequence, then unknown, free, cached, blank
+    theme: colors.MapColors
+
+    @property
+    def unknown(self) -> int:
+        return len(self.ids)
+
+    @property
+    def free(self) -> int:
+        return len(self.ids) + 1
+
+    @property
+    def cached(self) -> int:
+        return len(self.ids) + 2
+
+
+def owner_colors(snapshot: KVSnapshot) -> OwnerColors:
+    """Per-sequence colours; the per-sequence work is tiny next to the per-block arrays."""
+    seqs = sorted(snapshot.sequences, key=lambda s: s.seq_id)
+    theme = colors.active()
+    group_colors = [colors.group_color(group_of(s.request_id)) for s in seqs]
+    flat = (theme.unknown_hex, theme.free_hex, theme.cached_hex, theme.background_hex)
+    base = np.array([*group_colors, *(theme.packed(h) for h in flat)], dtype=np.uint32)
+    return OwnerColors(np.array([s.seq_id for s in seqs], dtype=np.int64), base, theme)
 
 
 def selection_mask(snapshot: KVSnapshot, selected: Collection[int]) -> np.ndarray:
@@ -166,37 +196,34 @@ def _color_table(base: np.ndarray, dimmed_half: bool, theme: colors.MapColors) -
     return np.stack([table, dimmed])
 
 
-def cell_style(snapshot: KVSnapshot, selected: Collection[int] = ()) -> CellStyle:
-    """Per-block colour-set keys with numpy only; the per-sequence colour work is tiny."""
-    seqs = sorted(snapshot.sequences, key=lambda s: s.seq_id)
-    ids = np.array([s.seq_id for s in seqs], dtype=np.int64)
-    theme = colors.active()
-    group_colors = [colors.group_color(group_of(s.request_id)) for s in seqs]
-    flat = (theme.unknown_hex, theme.free_hex, theme.cached_hex, theme.background_hex)
-    flat_rows = [theme.packed(h) for h in flat]
-    base = np.array([*group_colors, *flat_rows], dtype=np.uint32)
-    unknown, free, cached = len(seqs), len(seqs) + 1, len(seqs) + 2
-    num_rows = len(base)
+def cell_style(
+    snapshot: KVSnapshot, selected: Collection[int] = (), window: slice = slice(None)
+) -> CellStyle:
+    """Per-block colour-set keys with numpy only, for the blocks in `window` (the lens draws a
+    slice of a large pool; the rest is never touched)."""
+    palette = owner_colors(snapshot)
+    num_rows = len(palette.base)
+    free, cached = palette.free, palette.cached
 
-    state = snapshot.state
+    state = snapshot.state[window]
     kind = _KIND_OF_STATE[state]
-    row = _owner_rows(snapshot, ids, unknown, free)
+    row = owner_rows(snapshot.owner[window], palette.ids, palette.unknown, free)
     row = np.where(kind == 0, free, np.where(kind == 3, cached, row))
     used = kind == 1
-    ref = snapshot.ref_count
+    ref = snapshot.ref_count[window]
     shared = used & (ref > 1)
     level = np.where(shared, np.minimum(ref - 1, 3), 0).astype(np.int32)
     key = (kind * LEVELS + level) * num_rows + row
     if len(selected):
-        outside = ~selection_mask(snapshot, selected)
+        outside = ~selection_mask(snapshot, selected)[window]
         key += outside.astype(np.int32) * (KINDS * LEVELS * num_rows)
 
     bs = max(snapshot.block_size, 1)
-    filled = np.where(used, np.clip(snapshot.filled, 0, bs), bs)
+    filled = np.where(used, np.clip(snapshot.filled[window], 0, bs), bs)
     shape = (_VARIANT_OF_KIND[kind] * (bs + 1) + filled) * 2 + shared
     return CellStyle(
         key=key.astype(np.int32),
-        table=_color_table(base, bool(len(selected)), theme).reshape(-1, 6),
+        table=_color_table(palette.base, bool(len(selected)), palette.theme).reshape(-1, 6),
         blank_key=num_rows - 1,
         shape=shape.astype(np.int32),
         block_size=bs,
