@@ -19,7 +19,7 @@ from repo_paths import REPO
 from served import start_server
 from tiny_models import make_tiny_gguf
 
-from kvscope.app.serve.connections import ConnectionLimits
+from kvscope.app.serve.connections import PER_CLIENT_503S, ConnectionLimits, per_client_cap
 from kvscope.app.serve.fd_budget import connection_budget
 from kvscope.app.serve.log_limits import RateLimitFilter
 
@@ -144,6 +144,87 @@ def test_past_the_connection_cap_a_request_gets_503_until_the_others_go(capped_s
     while (status := httpx.get(url, timeout=HANG_S).status_code) != 200:
         assert time.monotonic() < deadline, f"still {status} after the held connections closed"
         time.sleep(0.05)
+
+
+def _get_from(srv, address: str) -> tuple[int | None, bytes]:
+    """GET /health on a connection from `address` (any 127.x.x.x reaches 127.0.0.1 on Linux):
+    (status, body), or (None, b"") when the server closed it unanswered."""
+    sock = socket.create_connection(
+        ("127.0.0.1", srv.port), timeout=HANG_S, source_address=(address, 0)
+    )
+    try:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        return None, b""
+    finally:
+        sock.close()
+    if not data:
+        return None, b""
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def _answer(sock: socket.socket) -> int | None:
+    """GET /health on an open connection, then close it: the status, or None when the server
+    closed it unanswered."""
+    try:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = sock.recv(65536)
+    except (ConnectionResetError, BrokenPipeError):
+        return None
+    finally:
+        sock.close()
+    return int(data.split()[1]) if data else None
+
+
+def test_one_address_cannot_hold_every_slot(tiny_gguf):
+    """One client re-opening sockets as they are closed held every one of the 4,096 slots:
+    now an address holding its share gets 503s naming it, then its connections are closed at
+    once, and another address still gets in."""
+    limits = ConnectionLimits(
+        max_connections=16, max_connections_per_client=4, header_timeout_s=HANG_S
+    )
+    srv = start_server(str(tiny_gguf), 16, 64, limits=limits)
+    try:
+        held = [_connect(srv) for _ in range(4)]
+        status, body = _get_from(srv, "127.0.0.1")
+        assert status == 503, body
+        message = json.loads(body)["error"]["message"]
+        assert "your address holds 4 open connections, its limit of 4" in message, message
+        assert "of the server's 16" in message, message
+        # It opens all it can and keeps them, silent: its 4 served ones would hold their
+        # slots HANG_S (the head deadline), all 16 of them before.
+        held += [_connect(srv) for _ in range(PER_CLIENT_503S + 12)]
+        deadline = time.monotonic() + HANG_S / 3
+        while (status := _get_from(srv, "127.0.0.2")[0]) != 200:
+            assert time.monotonic() < deadline, f"another address still gets {status}"
+            time.sleep(0.05)
+        # Asking on each: a few 503s saying why, the rest closed unanswered.
+        answers = [_answer(_connect(srv)) for _ in range(PER_CLIENT_503S + 12)]
+        assert answers.count(503) <= PER_CLIENT_503S and answers.count(None) >= 12, answers
+        for sock in held:
+            sock.close()
+        deadline = time.monotonic() + HANG_S
+        while _get_from(srv, "127.0.0.1")[0] != 200:  # its slots back once it lets go
+            assert time.monotonic() < deadline, "the address's closed sockets still count"
+            time.sleep(0.05)
+    finally:
+        srv.stop()
+
+
+def test_the_per_client_cap_leaves_a_local_user_room():
+    """Every client of a local server is 127.0.0.1: the default is half the cap, and a cap
+    too small to split is not split."""
+    assert per_client_cap(ConnectionLimits(), 4096) == 2048
+    assert per_client_cap(ConnectionLimits(), 100) == 50
+    assert per_client_cap(ConnectionLimits(), 8) == 8
+    assert per_client_cap(ConnectionLimits(max_connections_per_client=10), 4096) == 10
+    assert per_client_cap(ConnectionLimits(max_connections_per_client=10_000), 4096) == 4096
+    with pytest.raises(ValueError, match="max_connections_per_client must be at least 1, got 0"):
+        ConnectionLimits(max_connections_per_client=0)
 
 
 def _child(tiny_gguf: Path, tmp_path: Path, soft: int, hard: int, header_timeout_s: float):
