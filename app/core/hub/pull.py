@@ -23,14 +23,7 @@ from pathlib import Path
 import httpx2
 from filelock import FileLock, Timeout
 from huggingface_hub import HfApi, constants, hf_hub_url
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    OfflineModeIsEnabled,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
+from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from huggingface_hub.utils import build_hf_headers
 
 from kvscope.app.core.hub.blob_sink import BlobSink
@@ -42,6 +35,7 @@ from kvscope.app.core.hub.cache_layout import (
 )
 from kvscope.app.core.hub.errors import PullCancelled, PullError
 from kvscope.app.core.hub.http_range import RetryPolicy, fetch_rest
+from kvscope.app.core.hub.hub_errors import describe_hub_error
 from kvscope.app.core.hub.pull_control import PullControl
 from kvscope.app.core.hub.quant_choice import choose_model
 from kvscope.app.core.hub.search_files import ModelFiles, TreeFile, model_files
@@ -326,11 +320,6 @@ def _list_repo(repo: str) -> _Listing:
         info = HfApi().model_info(repo, files_metadata=True)
     except (httpx2.ConnectError, httpx2.TimeoutException, OfflineModeIsEnabled) as error:
         raise _Unreachable(f"{constants.ENDPOINT}: {error}") from error
-    except RepositoryNotFoundError:
-        raise PullError(
-            f"{repo} was not found on {constants.ENDPOINT}. Check the name; a private repo also"
-            " needs a token in HF_TOKEN."
-        ) from None
     except HfHubHTTPError as error:
         raise _http_error(error, repo, None) from error
     if info.sha is None:
@@ -387,27 +376,7 @@ def _disk_error(error: OSError, cache: RepoCache, part: RemoteFile) -> PullError
 
 
 def _http_error(error: HfHubHTTPError, repo: str, file: str | None) -> PullError:
-    page = f"{constants.ENDPOINT}/{repo}"
-    status = error.response.status_code if error.response is not None else None
-    if isinstance(error, GatedRepoError):
-        has_token = "authorization" in {k.lower() for k in build_hf_headers()}
-        why = "your token (HF_TOKEN) has no access to it yet" if has_token else "no token was sent"
-        return PullError(
-            f"{repo} is gated (HTTP {status}): {why}. Accept the licence on the model's page"
-            f" ({page}) and set a token (HF_TOKEN) from {constants.ENDPOINT}/settings/tokens."
-        )
-    if isinstance(error, RepositoryNotFoundError):
-        return PullError(
-            f"{repo} was not found on {constants.ENDPOINT}. Check the name; a private repo also"
-            " needs a token in HF_TOKEN."
-        )
-    if isinstance(error, RemoteEntryNotFoundError):
-        return PullError(f"{file} is not in {repo} (HTTP 404): was it removed? List it at {page}.")
-    if isinstance(error, RevisionNotFoundError):
-        return PullError(f"{repo} has no such revision (HTTP 404).")
-    if status == 401:
-        return PullError(f"the hub refused the token in HF_TOKEN (HTTP 401): {error}")
-    return PullError(f"the hub answered HTTP {status} for {file or repo}: {error}")
+    return PullError(describe_hub_error(error, repo, file))
 
 
 def _our_version() -> str:

@@ -1,24 +1,25 @@
-"""Why a search or a header read failed, in words a user can act on.
+"""Why a search or a header read failed, in words a user can act on, and said early.
 
-`huggingface_hub` raises typed errors (gated, not found, a revision or file missing) and httpx
-its transport ones; each becomes a HubSearchError whose message names the repo and the way out
-(accept the licence and set a token, check the name, the network or HF_ENDPOINT).
+Each error becomes a HubSearchError worded by hub_errors.py, as a pull's errors are. Before a
+search asks anything, one request without retries checks that the hub answers at all:
+huggingface_hub retries a failed listing with backoff (five tries, ~27 s against a refused
+port) and logs every try, where a user at the search box wants the reason at once.
 """
 
 from __future__ import annotations
 
-from huggingface_hub import constants
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    OfflineModeIsEnabled,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
+import threading
+import time
 
-# The HTTP library huggingface_hub's session is built on (httpx2 since huggingface_hub 2.0).
-from huggingface_hub.utils import httpx as hub_httpx
+from huggingface_hub import constants
+from huggingface_hub.utils import get_session
+
+from kvscope.app.core.hub.hub_errors import OFFLINE, describe_hub_error
+
+REACH_TIMEOUT_S = 5.0
+_REACHED_FOR_S = 60.0  # an answer this recent stands for the hub being there
+_reached: dict[str, float] = {}  # endpoint -> when it last answered
+_reached_lock = threading.Lock()
 
 
 class HubSearchError(Exception):
@@ -30,41 +31,33 @@ class HubSearchError(Exception):
 
 
 def check_online() -> None:
-    """Refuse at once, in words, when the user asked huggingface_hub to stay offline."""
+    """Refuse at once, in words, when the user asked huggingface_hub to stay offline or the
+    hub (HF_ENDPOINT) does not answer one request."""
     if constants.HF_HUB_OFFLINE:
-        raise HubSearchError("offline: HF_HUB_OFFLINE is set, so the hub is not asked")
+        raise HubSearchError(OFFLINE)
+    endpoint = constants.ENDPOINT
+    with _reached_lock:
+        if time.monotonic() - _reached.get(endpoint, -_REACHED_FOR_S) < _REACHED_FOR_S:
+            return
+    try:
+        get_session().head(endpoint, timeout=REACH_TIMEOUT_S)  # any status: it answered
+    except Exception as e:  # no route, no name, refused, timed out, a bad proxy
+        raise hub_search_error(e) from e
+    with _reached_lock:
+        _reached[endpoint] = time.monotonic()
+
+
+def hub_reachable() -> bool:
+    """Whether a search could ask the hub now (online, and it answers)."""
+    try:
+        check_online()
+    except HubSearchError:
+        return False
+    return True
 
 
 def hub_search_error(
     error: Exception, repo: str | None = None, path: str | None = None
 ) -> HubSearchError:
-    """`error` from huggingface_hub or httpx, said in words (checked subclasses first: a gated
-    repo's error is also an HTTP error)."""
-    endpoint = constants.ENDPOINT
-    where = f"{repo}/{path}" if repo and path else repo or endpoint
-    if isinstance(error, GatedRepoError):
-        return HubSearchError(
-            f"{repo} is gated: accept its licence on {endpoint}/{repo} and set a token "
-            "(HF_TOKEN, or `hf auth login`)"
-        )
-    if isinstance(error, RepositoryNotFoundError):
-        return HubSearchError(
-            f"no model repo {repo} on {endpoint} (check the name; a private repo needs a token)"
-        )
-    if isinstance(error, RevisionNotFoundError):
-        return HubSearchError(f"{repo} has no such revision: {error}")
-    if isinstance(error, RemoteEntryNotFoundError):
-        return HubSearchError(f"{repo} has no file {path}")
-    if isinstance(error, OfflineModeIsEnabled):
-        return HubSearchError("offline: HF_HUB_OFFLINE is set, so the hub is not asked")
-    if isinstance(error, HfHubHTTPError):
-        status = error.response.status_code if error.response is not None else "an error"
-        return HubSearchError(f"the hub answered {status} for {where}: {error}")
-    if isinstance(error, hub_httpx.TimeoutException):
-        return HubSearchError(f"no answer from {endpoint} in time for {where}")
-    if isinstance(error, hub_httpx.TransportError):
-        return HubSearchError(
-            f"cannot reach {endpoint} ({type(error).__name__}: {error}); check the network, "
-            "a proxy, or HF_ENDPOINT for a mirror"
-        )
-    return HubSearchError(f"{where}: {type(error).__name__}: {error}")
+    """`error` from huggingface_hub or its HTTP library, said in words."""
+    return HubSearchError(describe_hub_error(error, repo, path))

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")  # what `kvscope pull REPO` takes when no quant is named
 MAX_OFFERED = 4  # rows under the chat's hint; Get a model… lists every curated model
-REACH_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -206,24 +205,15 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
 
 
-def _hub_reachable() -> bool:
-    """One request, no retries: whether the hub (HF_ENDPOINT) answers at all. huggingface_hub
-    retries a failed listing with backoff for ~20 s, and logs each try: without a network the
-    twelve curated listings would spend minutes and fill the terminal to offer nothing."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import get_session
-
-    try:
-        get_session().head(constants.ENDPOINT, timeout=REACH_TIMEOUT_S)
-    except Exception:  # no route, no name, refused, timed out: offline for this offer
-        return False
-    return True
-
-
 def _check() -> list[Fit]:
     """curated_fits, or none when the hub cannot be asked at all (offline: the bundled model
     is the default, nothing to offer)."""
+    # Imported here: an offline start (checked before) never pays for the hub code.
+    from kvscope.app.core.hub.search_errors import hub_reachable
+
     try:
-        return curated_fits() if _hub_reachable() else []
+        # One request without retries first: huggingface_hub would retry each of the twelve
+        # curated listings for ~27 s, logging every try, to offer nothing.
+        return curated_fits() if hub_reachable() else []
     except Exception:  # the offer is a convenience: a failure offers nothing
         return []

@@ -61,7 +61,8 @@ def test_search_json_gives_one_row_per_file_with_its_verdict(hub: FakeHub, capsy
     q2 = by_file["Tiny-Chat-Q2_K.gguf"]
     assert q2["fits"] is False and q2["runnable"] is False and "Q2_K" in q2["note"]
     split = by_file["Tiny-Chat-Q8_0-00001-of-00003.gguf"]
-    assert len(split["parts"]) == 3 and split["fits"] is False and "split" in split["note"]
+    # A split model runs from its parts: judged as the file in one piece.
+    assert len(split["parts"]) == 3 and split["runnable"] is True and split["fits"] == q8["fits"]
 
 
 def test_search_table_and_quant_filter(hub: FakeHub, capsys):
@@ -83,7 +84,7 @@ def test_search_without_query_lists_the_curated_models(hub: FakeHub, tmp_path: P
     assert out.startswith(first.repo) and first.description in out
     assert main(["search", "--limit", "2"]) == 1  # the second is not on this hub
     err = capsys.readouterr().err
-    assert err.startswith(f"error: no model repo {curated_models()[1].repo} on {hub.url}")
+    assert err.startswith(f"error: {curated_models()[1].repo} was not found on {hub.url}")
 
 
 def test_search_in_a_child_process_finds_the_hub_through_hf_endpoint(hub: FakeHub, tmp_path):

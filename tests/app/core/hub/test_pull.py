@@ -170,7 +170,7 @@ def test_a_gated_repo_asks_for_the_licence_and_a_token(
         Pull("org/Gated-GGUF", policy=FAST).run()
     assert "is gated (HTTP 401): no token was sent" in anonymous.value.message
     assert "Accept the licence on the model's page" in anonymous.value.message
-    assert "set a token (HF_TOKEN)" in anonymous.value.message
+    assert "set a token (HF_TOKEN, or `hf auth login`)" in anonymous.value.message
     monkeypatch.setenv("HF_TOKEN", "hf_user")
     with pytest.raises(PullError, match=r"\(HTTP 403\): your token \(HF_TOKEN\) has no access"):
         Pull("org/Gated-GGUF", policy=FAST).run()

@@ -112,7 +112,10 @@ def test_hub_errors_are_said_in_words(
     fake_hub.add_repo("someone/Open-GGUF", {"open-Q8_0.gguf": tiny_q8.read_bytes()})
     [gated] = list_files("corp/Gated-GGUF")  # a gated repo's file list is public
     [open_file] = list_files("someone/Open-GGUF")
-    with pytest.raises(HubSearchError, match="corp/Gated-GGUF is gated: accept its licence"):
+    with pytest.raises(
+        HubSearchError,
+        match=r"corp/Gated-GGUF is gated \(HTTP 401\): no token was sent\. Accept the licence",
+    ):
         judge_file(gated, CPU)
     verdict, error = judge_files([open_file, gated], CPU)
     assert not isinstance(verdict, HubSearchError) and verdict.runnable
@@ -122,7 +125,7 @@ def test_hub_errors_are_said_in_words(
     refused = judge_file(broken, CPU)
     assert not refused.fits and not refused.runnable
     assert refused.note.startswith("cannot run here: broken-Q4_K_M.gguf: not a GGUF file")
-    with pytest.raises(HubSearchError, match="no model repo nobody/none"):
+    with pytest.raises(HubSearchError, match="nobody/none was not found on"):
         list_files("nobody/none")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(HubSearchError, match="offline: HF_HUB_OFFLINE"):
@@ -143,3 +146,19 @@ def test_curated_models_are_repos_with_licences():
         assert owner and name and "/" not in name, model.repo
         assert name.lower().endswith("gguf"), model.repo
         assert model.license and model.description and model.files == []
+
+
+def test_a_hub_that_does_not_answer_is_said_at_once_without_retries(
+    fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    import socket
+
+    with socket.socket() as bound:  # a port nothing listens on, held so nobody takes it
+        bound.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        with pytest.raises(HubSearchError, match=rf"cannot reach {endpoint} \(ConnectError"):
+            search_models("tiny")
+    # huggingface_hub's backoff logs each retry ("Retrying in 1s [Retry 1/5]"): none happened.
+    assert not [r for r in caplog.records if "Retry" in r.getMessage()]
+    assert fake_hub.requests == []

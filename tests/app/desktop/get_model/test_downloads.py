@@ -152,7 +152,7 @@ def test_a_download_left_part_way_is_offered_at_the_next_start_and_fetches_only_
     fake_hub.set_faults(REPO, hub_file.file, status=404)
     row.resume_button.click()
     qtbot.waitUntil(lambda: row.state == "failed", timeout=10_000)
-    assert f"HTTP 404 for {hub_file.file}" in row.error.text()
+    assert f"HTTP 404 for {REPO}/{hub_file.file}" in row.error.text()
     sent_before = fake_hub.bytes_served(hub_file.file)
     later = GetModelWindow()  # the app's next start
     qtbot.addWidget(later)
