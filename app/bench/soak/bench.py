@@ -60,7 +60,7 @@ HOSTILE_PAUSE_S = 0.2
 class SoakSettings:
     minutes: float
     out: Path = Path("bench_out")
-    json_path: Path | None = None  # None: <out>/bench_soak.json
+    json_path: Path | None = None  # None: <out>/bench_soak.json; the other files go beside it
     polite_clients: int = 3
     hostile_clients: int = 1
     max_tokens: int = 16
@@ -81,6 +81,15 @@ class SoakSettings:
     @property
     def report_every_s(self) -> float:
         return min(30.0, max(2.0, self.seconds / 12))
+
+    @property
+    def report_path(self) -> Path:
+        return self.json_path or self.out / "bench_soak.json"
+
+    def beside_report(self, ending: str) -> Path:
+        """A file the soak writes, named after its report and in the report's folder: `--json
+        elsewhere/x.json` puts x.png and x_server.log there, nothing in `--out`."""
+        return self.report_path.with_name(self.report_path.stem + ending)
 
 
 class Tally:
@@ -158,8 +167,8 @@ class Soak:
 
     def run(self) -> dict:
         s = self.settings
-        s.out.mkdir(parents=True, exist_ok=True)
-        log_path = s.out / "bench_soak_server.log"
+        s.report_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path = s.beside_report("_server.log")
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 self.server_cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
@@ -283,10 +292,9 @@ def run_soak_bench(args: argparse.Namespace) -> int:
     )
     port = _free_port()
     report = Soak(settings, server_command(args, port, settings.polite_clients), port).run()
-    path = settings.json_path or settings.out / "bench_soak.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path, png = settings.report_path, settings.beside_report(".png")
     path.write_text(json.dumps(report, indent=2))
-    plot_soak(report, settings.out / "bench_soak.png")
+    plot_soak(report, png)
     print(summarize(report))
-    print(f"  wrote {path} and {settings.out / 'bench_soak.png'}")
+    print(f"  wrote {path} and {png}")
     return 1 if broken_invariants(report) else 0

@@ -21,11 +21,13 @@ from kvscope.app.cli.main import main
 
 
 @pytest.mark.slow
-def test_a_short_soak_holds_its_invariants(tmp_path):
-    out = tmp_path / "soak"
-    json_path = tmp_path / "report.json"
+def test_a_short_soak_holds_its_invariants(tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # --out left at its default, bench_out in the working directory
+    json_path = tmp_path / "elsewhere" / "report.json"
     started = time.monotonic()
-    status = main(["bench", "--soak", "0.33", "--out", str(out), "--json", str(json_path)])
+    status = main(["bench", "--soak", "0.33", "--json", str(json_path)])
     report = json.loads(json_path.read_text())
     assert broken_invariants(report) == [], json.dumps(report, indent=1)[:5000]
     assert status == 0
@@ -49,7 +51,19 @@ def test_a_short_soak_holds_its_invariants(tmp_path):
     peer = report["peer"]
     assert peer["sent"]["batches"] > 0 and peer["snapshots"] > 0
     assert peer["monitor_stopped"]
-    assert (out / "bench_soak.png").stat().st_size > 10_000
+    # Its files beside its --json, none in the working directory.
+    assert (json_path.parent / "report.png").stat().st_size > 10_000
+    assert (json_path.parent / "report_server.log").exists()
+    assert list(cwd.iterdir()) == []
+
+
+def test_the_soaks_files_go_beside_its_report(tmp_path):
+    elsewhere = SoakSettings(1, out=tmp_path / "out", json_path=tmp_path / "x" / "night.json")
+    assert elsewhere.beside_report(".png") == tmp_path / "x" / "night.png"
+    assert elsewhere.beside_report("_server.log") == tmp_path / "x" / "night_server.log"
+    default = SoakSettings(1, out=tmp_path / "out")
+    assert default.report_path == tmp_path / "out" / "bench_soak.json"
+    assert default.beside_report(".png") == tmp_path / "out" / "bench_soak.png"
 
 
 def _report(**changes) -> dict:
