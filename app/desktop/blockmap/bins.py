@@ -2,7 +2,8 @@
 consecutive blocks per bin, the bins laid out row by row, `cols` per row, each drawn as a
 square of `bin_px` screen pixels. What each bin holds is counted with numpy only (no Python
 loop per block or per bin): blocks by state, shared and selected blocks, and the sequence that
-holds most of its blocks (its first owner's, as the cell map colours a shared block).
+holds at least half of its held blocks, if one does (by first owner, as the cell map colours a
+shared block).
 """
 
 from __future__ import annotations
@@ -93,46 +94,48 @@ class BinCounts:
     cached: np.ndarray
     shared: np.ndarray  # used blocks with ref count > 1
     selected: np.ndarray  # blocks of the selected sequences
-    dominant: np.ndarray  # owner row (raster.owner_rows) holding most held blocks; -1 if none
-    dominant_count: np.ndarray
+    # Owner row (raster.owner_rows) holding at least half the held blocks; -1 if none does.
+    dominant: np.ndarray
+    dominant_count: np.ndarray  # its held blocks (0 if none)
 
     @property
     def held(self) -> np.ndarray:
         return self.used + self.reserved
 
 
-def _dominant(rows: np.ndarray, grid: BinGrid) -> tuple[np.ndarray, np.ndarray]:
-    """Most frequent non-negative value of `rows` (per block, -1: not held) in each bin, and
-    its count.
+def _majority(
+    rows: np.ndarray, grid: BinGrid, held_count: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The value of `rows` (per block, -1: not held) found in at least half of each bin's held
+    blocks (`held_count` of them), -1 where none is, and its count.
 
-    Most bins hold one owner (min == max): only the mixed ones are sorted, and their mode is
-    the longest run of equal values in the sorted bin."""
+    Most bins hold one owner (min == max). In a sorted bin, a value holding half of the held
+    entries covers the held part's middle position or the one after it, so only those two
+    candidates are counted, and only in the bins that hold several owners."""
     k, starts = grid.blocks_per_bin, grid.starts
     held = rows >= 0
     top = np.maximum.reduceat(rows, starts)
     low = np.minimum.reduceat(np.where(held, rows, np.iinfo(rows.dtype).max), starts)
-    count = np.add.reduceat(held.astype(np.int32), starts)
-    dominant = np.where(count > 0, top, -1)
-    mixed = np.flatnonzero((count > 0) & (low != top))
+    majority = np.where(held_count > 0, top, -1)
+    count = held_count.copy()
+    mixed = np.flatnonzero((held_count > 0) & (low != top))
     if mixed.size:
         padded = np.concatenate([rows, np.full(grid.num_bins * k - len(rows), -1, rows.dtype)])
-        values = np.sort(padded.reshape(grid.num_bins, k)[mixed], axis=1).ravel()
-        # Runs of equal values in the flattened sorted bins (a bin's first block starts one);
-        # each run's key packs its length over its value, so the largest key per bin names the
-        # longest run and its value in one reduceat.
-        position = np.arange(len(values))
-        run_starts = np.flatnonzero(
-            (position % k == 0) | np.concatenate([[True], values[1:] != values[:-1]])
-        )
-        run_values = values[run_starts].astype(np.int64)
-        run_lengths = np.diff(np.append(run_starts, len(values)))
-        span = int(run_values.max()) + 1
-        keys = np.where(run_values >= 0, run_lengths * span + run_values, 0)
-        first_run = np.searchsorted(run_starts, np.arange(len(mixed)) * k)
-        best = np.maximum.reduceat(keys, first_run)
-        dominant[mixed] = best % span
-        count[mixed] = best // span
-    return dominant, count
+        values = np.sort(padded.reshape(grid.num_bins, k)[mixed], axis=1)
+        h = held_count[mixed]
+        picked = np.arange(len(mixed))
+        best_value = np.full(len(mixed), -1, dtype=rows.dtype)
+        best_count = np.zeros(len(mixed), dtype=np.int32)
+        for middle in (k - h + (h - 1) // 2, k - h + h // 2):  # the unheld -1s sort first
+            candidate = values[picked, middle]
+            found = (values == candidate[:, None]).sum(axis=1, dtype=np.int32)
+            better = found > best_count
+            best_value = np.where(better, candidate, best_value)
+            best_count = np.maximum(found, best_count)
+        enough = 2 * best_count >= h
+        majority[mixed] = np.where(enough, best_value, -1)
+        count[mixed] = np.where(enough, best_count, 0)
+    return majority, count
 
 
 def count_bins(
@@ -146,7 +149,8 @@ def count_bins(
     by_kind = by_kind.reshape(grid.num_bins, _KINDS)
     held = (kind == _USED) | (kind == _RESERVED)
     rows = raster.owner_rows(snapshot.owner, palette.ids, palette.unknown, palette.free)
-    dominant, dominant_count = _dominant(np.where(held, rows, -1).astype(np.int32), grid)
+    held_rows = np.where(held, rows, -1).astype(np.int32)
+    dominant, dominant_count = _majority(held_rows, grid, by_kind[:, _USED] + by_kind[:, _RESERVED])
     shared = np.flatnonzero((kind == _USED) & (snapshot.ref_count > 1))
     chosen = np.flatnonzero(selected) if selected is not None else np.zeros(0, np.int64)
     return BinCounts(

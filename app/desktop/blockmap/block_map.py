@@ -209,7 +209,7 @@ class BlockMapView(pg.GraphicsView):
         background = palette.theme.packed(palette.theme.background_hex)
         self.overview_image.setImage(overview.compose(shades, g.grid, background), autoLevels=False)
         self.overview_image.setRect(QRectF(0, 0, g.grid.cols, g.grid.rows))
-        style = raster.cell_style(snapshot, self.selected, slice(start, stop))
+        style = raster.cell_style(snapshot, self.selected, slice(start, stop), palette)
         rgba = raster.compose(style, g.cols, g.cell_px)
         self.image.setImage(rgba, autoLevels=False)
         self.image.setRect(QRectF(0, self.lens_row, g.cols, rgba.shape[0] // g.cell_px))

@@ -16,11 +16,14 @@ CACHED_WEIGHT = 0.25
 STAY_SHARE = 0.8
 
 
+_WEIGHT_OF_STATE = np.zeros(256, dtype=np.float32)
+_WEIGHT_OF_STATE[[BlockState.USED, BlockState.RESERVED]] = 1.0
+_WEIGHT_OF_STATE[BlockState.CACHED] = CACHED_WEIGHT
+
+
 def activity(snapshot: KVSnapshot) -> np.ndarray:
     """Per block: how much the lens wants to show it."""
-    state = snapshot.state
-    held = (state == BlockState.USED) | (state == BlockState.RESERVED)
-    return held + CACHED_WEIGHT * (state == BlockState.CACHED)
+    return _WEIGHT_OF_STATE[snapshot.state]
 
 
 def busiest_row(

@@ -3,8 +3,8 @@
 Invariant: a bin with any held or cached block never looks free. Averaging would lose one used
 block among a hundred free ones, so each bin takes the colour of what it holds and its share
 only sets the intensity, from a floor that stays visible:
-- held (used or reserved) blocks: the colour of the sequence holding most of them when it holds
-  at least half (a neutral "mixed" colour otherwise), brighter the larger the held share;
+- held (used or reserved) blocks: the colour of the sequence holding at least half of them (a
+  neutral "mixed" colour when none does), brighter the larger the held share;
   reserved-only bins use the paler stripe colour of the cell map's hatch, and a bin with a
   shared block moves toward the ring colour, as the cell map's ring does;
 - cached blocks (and nothing held): the cached grey, by the same rule;
@@ -22,7 +22,6 @@ from kvscope.app.desktop.blockmap.bins import BinCounts, BinGrid
 
 HELD_FLOOR = 0.55  # intensity of a bin with one held block among many free ones
 CACHED_FLOOR = 0.7  # cached grey sits closer to free: it starts higher to stay apart
-DOMINANT_SHARE = 0.5  # a sequence holding at least this share of a bin's held blocks colours it
 SHARED_LIFT = 0.3  # a bin with a shared block, moved this far toward the ring colour
 LENS_LIFT = 0.1  # free bins inside the lens, moved this far toward the ring colour
 
@@ -52,11 +51,11 @@ def bin_colors(
     held = counts.held[holding]
     dominant = counts.dominant[holding]
     owner_color = palette.base[np.where(dominant >= 0, dominant, palette.unknown)]
-    dominates = counts.dominant_count[holding] >= DOMINANT_SHARE * held
-    color = np.where(dominates, owner_color, mixed)
-    reserved_only = counts.used[holding] == 0
-    color = np.where(reserved_only, colors.mix(color, background, raster.RESERVED_STRIPE), color)
-    color = np.where(counts.shared[holding] > 0, colors.mix(color, ring, SHARED_LIFT), color)
+    color = np.where(dominant >= 0, owner_color, mixed)
+    paler = np.flatnonzero(counts.used[holding] == 0)  # reserved only
+    color[paler] = colors.mix(color[paler], background, raster.RESERVED_STRIPE)
+    ringed = np.flatnonzero(counts.shared[holding] > 0)
+    color[ringed] = colors.mix(color[ringed], ring, SHARED_LIFT)
     held_t = HELD_FLOOR + (1 - HELD_FLOOR) * held / blocks[holding]
     out[holding] = colors.mix(out[holding], color, held_t)
 

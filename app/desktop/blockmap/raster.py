@@ -197,11 +197,15 @@ def _color_table(base: np.ndarray, dimmed_half: bool, theme: colors.MapColors) -
 
 
 def cell_style(
-    snapshot: KVSnapshot, selected: Collection[int] = (), window: slice = slice(None)
+    snapshot: KVSnapshot,
+    selected: Collection[int] = (),
+    window: slice = slice(None),
+    palette: OwnerColors | None = None,
 ) -> CellStyle:
     """Per-block colour-set keys with numpy only, for the blocks in `window` (the lens draws a
-    slice of a large pool; the rest is never touched)."""
-    palette = owner_colors(snapshot)
+    slice of a large pool; the rest is never touched). `palette`: owner_colors(snapshot), when
+    the caller has it already."""
+    palette = palette or owner_colors(snapshot)
     num_rows = len(palette.base)
     free, cached = palette.free, palette.cached
 
