@@ -4,6 +4,11 @@ Replays a recording's traffic (a session file from `kvscope record` or the app's
 under every combination of the settings given, through the engine's own scheduler and
 allocator, and prints one row per combination beside the recorded run's own figures; --json
 writes the same rows, the cost model and the trace's notes for scripts.
+
+What sizes the work is checked before any of it: the grid's size, and each setting's pool
+against this machine's memory (exit 2, in words). Each simulation runs under a step and time
+budget (a point past it is a row saying how far it got); past a few seconds each finished
+point is reported on stderr, and Ctrl-C stops the run with a line, not a traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 PARALLEL_STEPS = 10_000  # simulated steps (~0.3 ms each) past which a sweep uses processes
+PROGRESS_AFTER_S = 2.0  # a run this long reports each simulation as it ends
 COLUMNS = (
     ("blocks", 7, "{:>7,}"),
     ("preempt", 7, "{:>7,}"),
@@ -53,24 +59,46 @@ def add_parser(sub) -> None:
         default=None,
         help="processes to simulate in (default: the physical cores; 1: this process only)",
     )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="stop a simulation that runs longer than this (default 300); its row says so",
+    )
 
 
 def combinations(sets: list[str]) -> list[dict[str, str]]:
     """`["block_size=8,16", "kv_pool=1GiB"]` -> every combination, as name -> value text."""
+    from kvscope.engine.whatif import check_sweep_size
+
+    if not sets:
+        return []
     axes = []
     for item in sets:
         name, sep, values = item.partition("=")
         if not sep or not name.strip() or not values.strip():
             raise ValueError(f"--set takes NAME=V1,V2,..., got {item!r}")
         axes.append([(name.strip(), v) for v in values.split(",") if v.strip()])
+    check_sweep_size([len(axis) for axis in axes])
     return [dict(combo) for combo in itertools.product(*axes)]
 
 
 def run(args: argparse.Namespace) -> int:
+    done: list[int] = [0]  # simulations finished, for the line Ctrl-C leaves
+    try:
+        return _run(args, done)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted after {done[0]} simulations", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace, done: list[int]) -> int:
     from kvscope.engine.cpu_threads import physical_cores
     from kvscope.engine.trace import read_trace
     from kvscope.engine.whatif import (
         CostModel,
+        SimBudget,
         WhatIf,
         cost_caveat,
         recorded_summary,
@@ -78,10 +106,17 @@ def run(args: argparse.Namespace) -> int:
         sweep,
     )
 
+    if not 0 < args.time_limit < float("inf"):
+        print(
+            f"error: --time-limit must be a number of seconds > 0, got {args.time_limit}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         trace = read_trace(Path(args.trace))
         points = [WhatIf.from_text(c) for c in combinations(args.set)]
-    except (ValueError, FileNotFoundError) as e:
+        largest = max(_num_blocks(trace, what) for what in [WhatIf(), *points])
+    except (ValueError, FileNotFoundError) as e:  # SimulationTooLarge: a pool past the memory
         print(f"error: {e}", file=sys.stderr)
         return 2
     cost = CostModel.fit(trace.steps)
@@ -105,8 +140,26 @@ def run(args: argparse.Namespace) -> int:
     # A process costs ~2 s to start (torch's import): worth it past ~3 s of simulation.
     work = (len(points) + 1) * len(trace.steps)
     jobs = args.jobs or (physical_cores() if work > PARALLEL_STEPS else 1)
+    jobs = _jobs_that_fit(jobs, largest)
+    budget = SimBudget.for_trace(trace, args.time_limit)
+    total = len(points) + 1
+
+    def progress(point) -> None:
+        done[0] += 1
+        elapsed = time.perf_counter() - started
+        if elapsed > PROGRESS_AFTER_S:
+            how = "done" if point.summary else f"cannot run: {point.error}"
+            print(
+                f"[{done[0]}/{total}, {elapsed:.0f} s] {point.what.describe()}: {how}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    points_run = sweep(
+        trace, [WhatIf(), *points], cost, workers=jobs, budget=budget, on_point=progress
+    )
     caveats = {}  # what -> what its step times cannot know (the same for every row of a dtype)
-    for point in sweep(trace, [WhatIf(), *points], cost, workers=jobs):
+    for point in points_run:
         summary = point.summary.to_dict() if point.summary else None
         what = point.what.describe()
         rows.append((what, point.num_blocks, summary, point.error))
@@ -144,6 +197,28 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"wrote {args.json}")
     return 0
+
+
+def _num_blocks(trace, what) -> int:
+    """The pool `what` simulates (SimulationTooLarge past this machine's memory); 0 where its
+    settings cannot run, which its row will say."""
+    from kvscope.engine.whatif import SimulationTooLarge, resolve
+
+    try:
+        return resolve(trace.settings, what).num_blocks
+    except SimulationTooLarge:
+        raise
+    except ValueError:
+        return 0
+
+
+def _jobs_that_fit(jobs: int, largest_pool: int) -> int:
+    """As many processes as can each hold the largest pool at once (one always can: checked)."""
+    from kvscope.engine.whatif import simulated_pool_limit
+
+    while jobs > 1 and largest_pool > simulated_pool_limit(jobs)[0]:
+        jobs -= 1
+    return jobs
 
 
 def _notes(trace) -> list[str]:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from kvscope.engine.kv.events import TRACE_KIND_PREFIX, KVEvent
+from kvscope.engine.kv.session_json import shown
 
 if TYPE_CHECKING:
     from kvscope.engine.config import EngineConfig
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     from kvscope.engine.scheduler import Scheduler
 
 MAX_TOKEN_ID = (1 << 31) - 1  # ids are kept as int32 (no vocabulary comes near)
+# What a header may declare, checked before a replay is sized by it: blocks as a recording's
+# KV header allows (engine.kv.replay: 1.7x the largest real pool), layers 8x the deepest model's.
+MAX_TRACE_BLOCKS = 1 << 24
+MAX_TRACE_LAYERS = 1024
 
 
 class _Computing(Protocol):
@@ -252,8 +257,13 @@ class TraceSettings:
             "max_model_len",
             "model_context",
         ):
-            if not _count(values[name], 1, 1 << 31):
-                raise ValueError(f"header trace {name} must be an int in [1, 2**31]")
+            high = {"num_blocks": MAX_TRACE_BLOCKS, "num_layers": MAX_TRACE_LAYERS}.get(
+                name, 1 << 31
+            )
+            if not _count(values[name], 1, high):
+                raise ValueError(
+                    f"header trace {name} {shown(values[name])} is not an int in [1, {high:,}]"
+                )
         windows = values["layer_windows"]
         if (
             not isinstance(windows, list)

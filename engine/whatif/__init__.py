@@ -6,14 +6,37 @@ to the trace (engine.whatif.cost_model); `sweep` runs a grid of them."""
 
 from kvscope.engine.whatif.cost_model import CostModel
 from kvscope.engine.whatif.pool_at import CHECKPOINT_STEPS, PoolSeeker
-from kvscope.engine.whatif.settings import SimConfig, WhatIf, cost_caveat, recorded_config, resolve
-from kvscope.engine.whatif.simulate import SimResult, simulate
+from kvscope.engine.whatif.settings import (
+    SimConfig,
+    SimulationTooLarge,
+    WhatIf,
+    check_simulated_pool,
+    cost_caveat,
+    recorded_config,
+    resolve,
+    simulated_pool_limit,
+)
+from kvscope.engine.whatif.simulate import SimBudget, SimResult, SimulationStopped, simulate
 from kvscope.engine.whatif.summary import RequestOutcome, SimSummary, recorded_summary
-from kvscope.engine.whatif.sweep import KNOBS, SweepPoint, grid, sweep
+from kvscope.engine.whatif.sweep import (
+    KNOBS,
+    MAX_SWEEP_POINTS,
+    SweepPoint,
+    check_sweep_size,
+    grid,
+    sweep,
+)
 
 __all__ = [
     "CHECKPOINT_STEPS",
     "KNOBS",
+    "MAX_SWEEP_POINTS",
+    "SimBudget",
+    "SimulationStopped",
+    "SimulationTooLarge",
+    "check_simulated_pool",
+    "check_sweep_size",
+    "simulated_pool_limit",
     "CostModel",
     "PoolSeeker",
     "SweepPoint",

@@ -16,7 +16,9 @@ import torch
 from kvscope.engine.config import ALLOCATORS, BLOCK_SIZES
 from kvscope.engine.kv.kv_cache import KVCache
 from kvscope.engine.kv.layout import KVLayout
+from kvscope.engine.kv.replay import MAX_REPLAY_BLOCKS
 from kvscope.engine.memory.byte_units import format_binary, parse_bytes
+from kvscope.engine.memory.device_memory import system_memory
 from kvscope.engine.trace.records import TraceSettings
 
 # What `kv_dtype` takes: as recorded, or a KV cache of this element type.
@@ -30,8 +32,18 @@ KV_DTYPES = {
 # Arrivals up to 100x as fast or as slow: a slower what-if stretches the trace's span by as
 # much (1e-300 once printed a 300-digit span).
 MIN_RATE_SCALE, MAX_RATE_SCALE = 0.01, 100.0
+# A simulated pool's blocks, each ~324 bytes in the paged allocator (3 in the contiguous one)
+# at 10^6 blocks, and the block map's telemetry of them (~80): one figure for both allocators.
+SIM_BYTES_PER_BLOCK = 400
+# The most a what-if simulates wherever it runs: the most a recording replays (1.7x the largest
+# real pool), ~6.3 GiB of simulation.
+MAX_SIM_BLOCKS = MAX_REPLAY_BLOCKS
 # The knobs that count something: a given value is used as it is (0 is not "as recorded").
 COUNT_KNOBS = ("num_blocks", "block_size", "max_num_seqs", "max_model_len", "max_batched_tokens")
+
+
+class SimulationTooLarge(ValueError):
+    """A pool larger than this machine can simulate: refused before it is built."""
 
 
 @dataclass(frozen=True)
@@ -170,14 +182,47 @@ def resolve(recorded: TraceSettings, what: WhatIf) -> SimConfig:
     else:
         num_blocks = (what.kv_pool if what.kv_pool is not None else recorded_bytes) // per_block
     config = replace(config, num_blocks=num_blocks, bytes_per_block=per_block)
+    pool = what.kv_pool if what.kv_pool is not None else recorded_bytes
+    if what.num_blocks is not None:
+        check_simulated_pool(num_blocks, f"num_blocks {num_blocks:,}")
+    else:
+        named = (
+            f"kv_pool {format_binary(pool)}" if what.kv_pool is not None else "the recorded pool"
+        )
+        check_simulated_pool(num_blocks, f"{named} ({num_blocks:,} blocks)")
     if num_blocks < 1:
-        pool = what.kv_pool if what.kv_pool is not None else recorded_bytes
         raise ValueError(
             f"a KV pool of {format_binary(pool)} holds no block of {format_binary(per_block)} "
             f"({config.block_size} tokens, {config.kv_dtype})"
         )
     _check(config, recorded)
     return config
+
+
+def simulated_pool_limit(simultaneous: int = 1) -> tuple[int, str]:
+    """The most blocks a what-if simulates here, `simultaneous` pools at once, and why."""
+    available = system_memory()[1]
+    if available is not None:
+        by_memory = available // (SIM_BYTES_PER_BLOCK * simultaneous)
+        if by_memory < MAX_SIM_BLOCKS:
+            each = f" each of {simultaneous} at once" if simultaneous > 1 else ""
+            return by_memory, (
+                f"a simulated block takes ~{SIM_BYTES_PER_BLOCK} B{each}, and this machine has "
+                f"{format_binary(available)} available"
+            )
+    return MAX_SIM_BLOCKS, "the most a recording of any real pool replays"
+
+
+def check_simulated_pool(num_blocks: int, named: str, simultaneous: int = 1) -> None:
+    """SimulationTooLarge, naming the value (`named`) and the limit, for a pool of more blocks
+    than this machine can simulate: the engine's own fit check, against host memory."""
+    limit, why = simulated_pool_limit(simultaneous)
+    if num_blocks > limit:
+        need = format_binary(num_blocks * SIM_BYTES_PER_BLOCK * simultaneous)
+        raise SimulationTooLarge(
+            f"{named} is more than a what-if simulates here: at most {limit:,} blocks ({why}); "
+            f"this one would take ~{need}"
+        )
 
 
 def _given(value: int | None, recorded: int) -> int:

@@ -8,11 +8,16 @@ first step boundary after its recorded time (scaled by `rate_scale`), as a servi
 between steps, a step takes the cost model's time, an aborted request stops as long after its
 arrival as it did then. Under the recorded settings it never differs, so
 the replay reproduces the recorded run: blocks per step, preemptions, prefix hits, concurrency.
+
+Every simulation runs under a `SimBudget` of steps and seconds, since settings can ask for
+far more steps than the recording took (one 10^6-token prompt at max_batched_tokens=1 is 10^6
+steps, each kept): past either, it stops with SimulationStopped saying how far it got.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -31,6 +36,28 @@ from kvscope.engine.whatif.sim_engine import RecordedOutputs, RecordedRunner, Si
 from kvscope.engine.whatif.summary import RequestOutcome, SimSummary, summarize
 
 __all__ = ["simulate"]
+
+# The steps a simulation may take: 10x the recording's, at least 100,000 (a few seconds of
+# an empty trace's worth), at most 10^6 (each kept step is ~200 B; a step takes ~0.3 ms).
+STEPS_PER_RECORDED_STEP = 10
+MIN_STEP_BUDGET, MAX_STEP_BUDGET = 100_000, 1_000_000
+DEFAULT_TIME_BUDGET_S = 300.0
+BUDGET_CHECK_STEPS = 256  # the clock is read once in this many steps
+
+
+class SimulationStopped(ValueError):
+    """A simulation ran out of its budget: the message says how far it got and which ran out."""
+
+
+@dataclass(frozen=True)
+class SimBudget:
+    max_steps: int
+    max_seconds: float = DEFAULT_TIME_BUDGET_S
+
+    @classmethod
+    def for_trace(cls, trace: Trace, max_seconds: float = DEFAULT_TIME_BUDGET_S) -> SimBudget:
+        steps = STEPS_PER_RECORDED_STEP * len(trace.steps)
+        return cls(min(MAX_STEP_BUDGET, max(MIN_STEP_BUDGET, steps)), max_seconds)
 
 
 @dataclass
@@ -53,13 +80,16 @@ def simulate(
     cost: CostModel | None = None,
     keep_events: bool = False,
     between_steps: Callable[[], None] | None = None,
+    budget: SimBudget | None = None,
 ) -> SimResult:
     """`between_steps`, when given, is called before every simulated step: it may block (the
     app holds its simulations there while its engine generates, since a Python thread replaying
     steps beside it makes every engine step wait for the GIL) or raise to stop the simulation
-    (a newer one supersedes it)."""
+    (a newer one supersedes it). Past `budget` (default: `SimBudget.for_trace`) it raises
+    SimulationStopped."""
     config = resolve(trace.settings, what or WhatIf())
-    return _Simulation(trace, config, cost, keep_events, between_steps).run()
+    budget = budget or SimBudget.for_trace(trace)
+    return _Simulation(trace, config, cost, keep_events, between_steps, budget).run()
 
 
 class _Simulation(RecordedRunner):
@@ -73,8 +103,10 @@ class _Simulation(RecordedRunner):
         cost: CostModel | None,
         keep_events: bool,
         between_steps: Callable[[], None] | None = None,
+        budget: SimBudget | None = None,
     ) -> None:
         self.trace, self.config = trace, config
+        self.budget = budget or SimBudget.for_trace(trace)
         self.between_steps = between_steps or _no_pause
         self.cost = cost or CostModel.fit(trace.steps)
         finished = trace.finished_requests
@@ -114,9 +146,18 @@ class _Simulation(RecordedRunner):
 
     def _run(self) -> SimResult:
         engine = self.engine
+        started = time.monotonic()
         while self.pending or engine.has_unfinished_requests():
             self.between_steps()
             k = engine.num_steps + 1
+            if k > self.budget.max_steps:
+                self._stop(f"{self.budget.max_steps:,} steps, its step budget")
+            if k % BUDGET_CHECK_STEPS == 0:
+                elapsed = time.monotonic() - started
+                if elapsed > self.budget.max_seconds:
+                    self._stop(
+                        f"{elapsed:,.0f} s, past its time budget of {self.budget.max_seconds:g} s"
+                    )
             if self.on_track and k not in self.recorded:
                 self._diverge(k)
             self._arrivals(k)
@@ -140,6 +181,15 @@ class _Simulation(RecordedRunner):
         outcomes = [RequestOutcome.of(req, at, step) for req, at, step in self.arrived.values()]
         summary = summarize(self.steps, outcomes, self.rejected, self.diverged_at)
         return SimResult(self.config, self.steps, outcomes, summary, self.cost, engine.events)
+
+    def _stop(self, why: str) -> None:
+        done = sum(r.is_finished for r, _, _ in self.arrived.values())
+        total = len(self.arrived) + len(self.pending) + self.rejected
+        raise SimulationStopped(
+            f"stopped after {why}: {self.engine.num_steps:,} steps simulated "
+            f"({self.engine.clock:,.1f} s of modelled time), {done:,} of {total:,} requests "
+            "finished"
+        )
 
     # ---- the runner: called by engine.step() with the batch it scheduled ------------------
     def execute(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
