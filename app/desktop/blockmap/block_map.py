@@ -29,6 +29,7 @@ from PySide6.QtWidgets import QWidget
 from kvscope.app.desktop.blockmap import bins, colors, lens, overview, raster
 from kvscope.app.desktop.blockmap.bin_card import describe_bin
 from kvscope.app.desktop.blockmap.hover_card import HoverCard, hover_style
+from kvscope.app.desktop.blockmap.lens_marker import LensMarker
 from kvscope.app.desktop.blockmap.map_geometry import CAPTION_PX, SPACING_PX, MapGeometry, plan
 from kvscope.app.desktop.palette import Palette, current
 from kvscope.app.desktop.theme import theme_keeper
@@ -49,6 +50,8 @@ class BlockMapView(pg.GraphicsView):
         self.overview.setMouseEnabled(False, False)
         self.overview_image = pg.ImageItem(axisOrder="row-major")
         self.overview.addItem(self.overview_image)
+        self.lens_marker = LensMarker()
+        self.overview.addItem(self.lens_marker)
         self.lens_caption = pg.LabelItem(justify="left")
         self.view = pg.ViewBox(lockAspect=True, invertY=True, enableMenu=False)  # the cells
         self.view.setDefaultPadding(0.01)
@@ -209,6 +212,7 @@ class BlockMapView(pg.GraphicsView):
         background = palette.theme.packed(palette.theme.background_hex)
         self.overview_image.setImage(overview.compose(shades, g.grid, background), autoLevels=False)
         self.overview_image.setRect(QRectF(0, 0, g.grid.cols, g.grid.rows))
+        self.lens_marker.show_range(g.grid, start, stop, palette.theme.ring_hex)
         style = raster.cell_style(snapshot, self.selected, slice(start, stop), palette)
         rgba = raster.compose(style, g.cols, g.cell_px)
         self.image.setImage(rgba, autoLevels=False)

@@ -204,3 +204,16 @@ def test_the_naive_side_bins_its_reservations_too(qtbot):
     reserved = np.flatnonzero(shadow.state == BlockState.RESERVED)
     lit = bin_pixel(view.overview_image.image, grid, grid.bin_of(int(reserved[-1])))
     assert lit not in (colors.FREE, colors.BACKGROUND)
+
+
+def test_the_lens_outline_covers_exactly_the_lens_bins():
+    from kvscope.app.desktop.blockmap.lens_marker import lens_rects
+
+    grid = bins.BinGrid(10_000, 10, 20, 2)  # 20 bins of 10 blocks per row
+    (one,) = lens_rects(grid, 50, 120)  # bins 5 to 11 of row 0
+    assert (one.x(), one.y(), one.width(), one.height()) == (5, 0, 7, 1)
+    tail, middle, head = lens_rects(grid, 150, 655)  # bins 15 (row 0) to 65 (row 3)
+    assert (tail.x(), tail.width(), tail.y()) == (15, 5, 0)
+    assert (middle.y(), middle.height(), middle.width()) == (1, 2, 20)
+    assert (head.x(), head.width(), head.y()) == (0, 6, 3)
+    assert lens_rects(grid, 7, 7) == []
