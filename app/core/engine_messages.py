@@ -28,6 +28,7 @@ class ReplyUpdate:
     tokens_per_s: float | None  # generated tokens / time since the first token
     dropped_turns: int = 0  # oldest turns left out to fit the context
     sample_tokens: list[int] = field(default_factory=list)  # tokens of each sample
+    arrival_time: float | None = None  # when the engine took the request (time.time())
 
     @classmethod
     def from_output(cls, output, dropped_turns: int) -> ReplyUpdate:
@@ -53,6 +54,7 @@ class ReplyUpdate:
             tokens_per_s=tps,
             dropped_turns=dropped_turns,
             sample_tokens=[len(c.token_ids) for c in output.outputs],
+            arrival_time=m.arrival_time if m is not None else None,
         )
 
     def metrics(self) -> dict:

@@ -170,7 +170,7 @@ class ChatController(QObject):
         if pending is not None:
             self.chat.start_pending()
             if pending.texts:
-                metrics = pending.update.metrics() if pending.update else None
+                metrics = pending.metrics()
                 self.chat.update_pending(pending.texts, pending.selected, metrics)
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
@@ -319,7 +319,7 @@ class ChatController(QObject):
     def _show_stream(self) -> None:
         pending = self.pending.get(self.current_id) if self.current_id is not None else None
         if pending is not None and pending.update is not None:
-            self.chat.update_pending(pending.texts, pending.selected, pending.update.metrics())
+            self.chat.update_pending(pending.texts, pending.selected, pending.metrics())
 
     def _finish_reply(self, pending: PendingReply) -> None:
         update = pending.update
@@ -372,7 +372,7 @@ class ChatController(QObject):
             pending = self.pending.get(cid) if cid is not None else None
             if pending is not None:
                 pending.selected = index
-                metrics = pending.update.metrics() if pending.update else None
+                metrics = pending.metrics()
                 self.chat.update_pending(pending.texts, index, metrics)
             return
         self.store.select_alternative(message_id, index)

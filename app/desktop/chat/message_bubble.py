@@ -15,6 +15,9 @@ from kvscope.app.desktop.chat.header_flow import HeaderFlow
 from kvscope.app.desktop.chat.markdown_view import MarkdownView
 from kvscope.app.desktop.chat.structured_output import json_markdown
 
+# A wait before the engine took the request, said apart from the TTFT once it is this long.
+WAIT_SHOWN_S = 0.5
+
 
 def format_metrics(metrics: dict, selected: int = 0, samples: int = 1) -> str:
     """'TTFT 0.42 s · 12.3 tok/s · prompt 35 tok (16 cached) · 24 tok' from a reply's metrics.
@@ -22,10 +25,18 @@ def format_metrics(metrics: dict, selected: int = 0, samples: int = 1) -> str:
     For a reply of `samples` > 1 samples the token count and the finish are those of sample
     `selected`, the one shown; the rate is the request's, over all its samples. A reply from a
     remote server names it ("via gpu-box:8000 · model") and its TTFT is measured here, network
-    included."""
+    included. TTFT counts from Send; a long wait before the engine took the request (the model
+    loading) is named: 'TTFT 33.10 s (waited 31.2 s for the engine, then 1.90 s)'."""
     parts = [f"via {metrics['served_by']}"] if metrics.get("served_by") else []
     if metrics.get("ttft_s") is not None:
-        parts.append(f"TTFT {metrics['ttft_s']:.2f} s")
+        ttft, waited = metrics["ttft_s"], metrics.get("waited_s") or 0.0
+        if waited >= WAIT_SHOWN_S:
+            then = ttft - waited
+            parts.append(
+                f"TTFT {ttft:.2f} s (waited {waited:.1f} s for the engine, then {then:.2f} s)"
+            )
+        else:
+            parts.append(f"TTFT {ttft:.2f} s")
     if metrics.get("tokens_per_s") is not None:
         over = f" (all {samples} samples)" if samples > 1 else ""
         parts.append(f"{metrics['tokens_per_s']:.1f} tok/s{over}")

@@ -208,3 +208,22 @@ def test_a_reply_of_two_samples_counts_the_tokens_of_the_one_shown(qtbot):
     old = {"generated_tokens": 48, "finish_reason": "length"}
     assert format_metrics(old, 1, 2) == "48 tok over 2 samples · hit max tokens"
     assert format_metrics({"generated_tokens": 5}) == "5 tok"
+
+
+def test_ttft_counts_from_send_and_names_a_wait_for_the_engine():
+    from kvscope.app.core.engine_messages import ReplyUpdate
+    from kvscope.app.desktop.chat.pending_reply import PendingReply
+
+    # Sent at t=1000; the engine took it 31.2 s later (loading) and answered 1.9 s after that.
+    update = ReplyUpdate("r1", ["Paris"], [None], False, 1, 9, 0, 1.9, None, arrival_time=1031.2)
+    pending = PendingReply("r1", 1, client=None, sent_at=1000.0)  # type: ignore[arg-type]
+    pending.update = update
+    metrics = pending.metrics()
+    assert metrics is not None
+    assert metrics["ttft_s"] == pytest.approx(33.1) and metrics["waited_s"] == pytest.approx(31.2)
+    assert format_metrics(metrics).startswith(
+        "TTFT 33.10 s (waited 31.2 s for the engine, then 1.90 s)"
+    )
+    # Taken at once: the plain figure.
+    pending.sent_at = 1031.0
+    assert format_metrics(pending.metrics() or {}).startswith("TTFT 2.10 s ·")
