@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from PySide6.QtWidgets import QTabBar
@@ -293,21 +294,34 @@ def test_simulations_wait_while_the_engine_works_and_then_go_on(qtbot, trace):
 
 def test_a_running_simulation_lets_the_gui_thread_in(qtbot, monkeypatch):
     """Between steps, a job that has simulated for YIELD_AFTER_S sleeps YIELD_S, so that the
-    GUI thread gets the GIL (it waited for it at every Qt call while a sweep ran)."""
-    sleeps = []
-    monkeypatch.setattr(runner_module.time, "sleep", sleeps.append)
+    GUI thread gets the GIL (it waited for it at every Qt call while a sweep ran). The job's
+    clock is the test's: a loaded machine's pauses would merge yields on a real one."""
+    clock = SimpleNamespace(now=0.0, sleeps=[])
+
+    class JobTime:
+        def __getattr__(self, name):  # monotonic for the runner's watch: the real one
+            return getattr(time, name)
+
+        def perf_counter(self):
+            return clock.now
+
+        def sleep(self, seconds):
+            clock.sleeps.append(seconds)
+
+    monkeypatch.setattr(runner_module, "time", JobTime())
     runner = SimRunner()
+    step_s = runner_module.YIELD_AFTER_S / 4 * 1.01  # four steps pass it, three do not
 
     def job(control):
-        started = time.perf_counter()
-        while time.perf_counter() - started < 20 * runner_module.YIELD_AFTER_S:
+        for _ in range(80):  # 20 x YIELD_AFTER_S of simulated work
+            clock.now += step_s
             control.between_steps()
         return "done"
 
     with qtbot.waitSignal(runner.finished, timeout=5_000) as done:
         runner.submit("whatif", job)
     assert done.args[0].result == "done"
-    assert 10 <= len(sleeps) <= 21 and set(sleeps) == {runner_module.YIELD_S}
+    assert clock.sleeps == [runner_module.YIELD_S] * 20
     runner.shutdown()
 
 
