@@ -83,6 +83,32 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
+def _run_map_bench(out: str) -> int:
+    """`kvscope bench --map`: here, not in app/bench, which never imports the desktop."""
+    import json
+    from pathlib import Path
+
+    from kvscope.app.desktop.blockmap.redraw_bench import run_map_redraw_bench
+
+    report = run_map_redraw_bench()
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "bench_map.json").write_text(json.dumps(report, indent=2))
+    print(f"block map redraw, one map, median (p90) ms on {report['cpu']}:")
+    for run in report["runs"]:
+        width, height = run["view_px"]
+        print(
+            f"  {run['blocks']:>7,} blocks {run['pool']:9s} {width}x{height}:"
+            f" {run['median_ms']:5.1f} ({run['p90_ms']:.1f})"
+        )
+    verdict = "within" if report["within_budget"] else "OVER"
+    print(
+        f"  worst median {report['worst_median_ms']:.1f} ms: {verdict} the"
+        f" {report['frame_budget_ms']:.0f} ms frame budget"
+    )
+    print(f"  wrote {Path(out) / 'bench_map.json'}")
+    return 0
+
+
 def _run_plan(args: argparse.Namespace) -> int:
     import json
 
@@ -318,6 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--sliding-tokens", type=int, default=4000, help="--sliding: tokens to generate"
     )
     bench.add_argument(
+        "--map",
+        action="store_true",
+        help="instead: the block map's redraw time per telemetry tick, pools of 64 to 200,000 "
+        "blocks, offscreen (bench_map.json)",
+    )
+    bench.add_argument(
         "--download",
         action="store_true",
         help="instead: `kvscope pull` of a 200 MB file from a loopback hub against a plain "
@@ -362,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         from kvscope.app.serve.server import run as run_server
 
         return run_server(args)
+    if args.command == "bench" and args.map:
+        return _run_map_bench(args.out)
     if args.command == "bench":
         from kvscope.app.bench.run import run_bench
 
