@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 from fake_hub import FakeHub
 from huggingface_hub import try_to_load_from_cache
+from split_gguf import write_split_gguf
+from tiny_models import make_quant_gguf
 
 from kvscope.app.cli.main import main
+from kvscope.engine import LLM, SamplingParams
 from kvscope.engine.child_python import python_module_command
 
 MIB = 1 << 20
-CHUNK = 64 << 10  # what huggingface_hub's HTTP client (httpcore) reads from a socket at once
+CHUNK = 64 << 10  # slack for bytes received but not yet in the partial file when the kill lands
 REPO = "org/Tiny-GGUF"
 Q4 = "Tiny-Q4_K_M.gguf"
 
@@ -32,6 +35,23 @@ def test_the_last_line_is_the_local_path(
     assert out.splitlines()[-1] == str(path)
     assert path.read_bytes() == data
     assert "Tiny-Q8_0.gguf" in err and err.splitlines()[-1].endswith("done")
+
+
+def test_a_split_model_pulled_loads_and_answers_as_one_file(
+    fake_hub: FakeHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    whole = make_quant_gguf(tmp_path / "Tiny-Q8_0.gguf", "Q8_0")
+    parts = write_split_gguf(whole, tmp_path / "parts", max_tensors=8)
+    fake_hub.add_repo(REPO, {p.name: p.read_bytes() for p in parts})
+    assert main(["pull", f"{REPO}:Q8_0"]) == 0
+    first = Path(capsys.readouterr().out.splitlines()[-1])
+    assert first.name == parts[0].name and len(list(first.parent.glob("*.gguf"))) == 3
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    replies = [
+        LLM(model=str(model), device="cpu", num_kv_blocks=16).generate([[5, 17, 42]], greedy)
+        for model in (first, whole)
+    ]
+    assert replies[0][0].outputs[0].token_ids == replies[1][0].outputs[0].token_ids
 
 
 def test_errors_are_one_line_in_words(
