@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "search":
         return search_command.run(args)
     if args.command == "serve":
-        from kvscope.app.serve.server import run as run_server
+        from kvscope.app.serve.serve_command import run as run_server
 
         return run_server(args)
     if args.command == "bench" and args.map:

@@ -9,10 +9,11 @@ them imports another.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import Field
 
 from kvscope.engine import LLM
-from kvscope.engine.config import KNOB, user_knobs
+from kvscope.engine.config import KNOB, EngineConfig, user_knobs
 
 
 def engine_knobs() -> list[Field]:
@@ -30,6 +31,20 @@ SAMPLING_FLAGS = {
 }
 
 
-def llm_from_args(args: argparse.Namespace) -> LLM:
-    """An engine from the engine flags of the terminal subcommands."""
-    return LLM(**{f.name: getattr(args, f.name) for f in engine_knobs()})
+def llm_from_args(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> LLM:
+    """An engine from the engine flags of the terminal subcommands; `progress(words)` hears
+    each slow stage as it starts."""
+    knobs = {f.name: getattr(args, f.name) for f in engine_knobs()}
+    if progress is None:
+        return LLM(**knobs)
+    from kvscope.engine.model.loader import load_model
+
+    progress("reading the model's header and tokenizer")
+    loaded = load_model(knobs.pop("model"), progress)
+    progress("loading the weights and sizing the KV pool")
+    return LLM(model=loaded, **knobs)
+
+
+def check_engine_flags(args: argparse.Namespace) -> None:
+    """Raise ValueError naming a bad engine flag, without loading anything."""
+    EngineConfig(**{f.name: getattr(args, f.name) for f in engine_knobs()})

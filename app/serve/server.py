@@ -7,10 +7,7 @@ so tests and benchmarks drive a real socket. Both run uvicorn with the same conn
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -114,29 +111,17 @@ class Server:
 
     def _config(self) -> uvicorn.Config:
         """uvicorn's settings, the same for serve_forever() and start(): the limits included."""
-        budget = budget_for_this_process()
-        if self.limits.max_connections is not None:
-            budget = replace(budget, cap=self.limits.max_connections)
-        self.connection_budget = budget
-        log.info("connection limits: %s", budget.describe())
-        config = uvicorn.Config(
-            self.app,
-            host=self.host,
-            port=self.port,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=5,
-            http=guarded_protocol(self.limits, budget),
-            timeout_keep_alive=self.limits.keep_alive_s,  # type: ignore[arg-type]
-            backlog=budget.backlog,
-        )
-        install_log_limits()  # after the Config: it configures uvicorn's loggers
+        config, self.connection_budget = uvicorn_config(self.app, self.host, self.port, self.limits)
         return config
+
+    def start_engine_thread(self) -> None:
+        """Step the engine on our own thread (none when the caller steps it)."""
+        if self._engine_thread is not None:
+            self._engine_thread.start()
 
     def start(self) -> Server:
         """Serve from a background thread; returns once the socket listens."""
-        if self._engine_thread is not None:
-            self._engine_thread.start()
+        self.start_engine_thread()
         self._uvicorn = uvicorn.Server(self._config())
         self._thread = threading.Thread(
             target=self._uvicorn.run, name="kvscope-serve-http", daemon=True
@@ -153,8 +138,7 @@ class Server:
         return self
 
     def serve_forever(self) -> None:
-        if self._engine_thread is not None:
-            self._engine_thread.start()
+        self.start_engine_thread()
         try:
             uvicorn.Server(self._config()).run()
         finally:
@@ -185,6 +169,30 @@ class Server:
         return f"http://{self.host}:{self.port}"
 
 
+def uvicorn_config(
+    app: object, host: str, port: int, limits: ConnectionLimits
+) -> tuple[uvicorn.Config, ConnectionBudget]:
+    """uvicorn's settings for `app`, with our connection limits and the fd budget they use."""
+    budget = budget_for_this_process()
+    if limits.max_connections is not None:
+        budget = replace(budget, cap=limits.max_connections)
+    log.info("connection limits: %s", budget.describe())
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]  # any ASGI callable
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",  # nothing of ours runs at startup or shutdown
+        timeout_graceful_shutdown=5,
+        http=guarded_protocol(limits, budget),
+        timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
+        backlog=budget.backlog,
+    )
+    install_log_limits()  # after the Config: it configures uvicorn's loggers
+    return config, budget
+
+
 def build_app(state: ServerState, api_key: str | None) -> FastAPI:
     app = FastAPI(title="KVScope", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
@@ -193,38 +201,3 @@ def build_app(state: ServerState, api_key: str | None) -> FastAPI:
     app.add_middleware(ApiKeyGuard, api_key=api_key)
     app.add_middleware(BodySizeGuard)
     return app
-
-
-def run(args: argparse.Namespace) -> int:
-    """`kvscope serve`."""
-    from kvscope.app.core.engine_flags import llm_from_args
-
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    if args.kv_events_replay and not args.kv_events:
-        print("error: --kv-events-replay needs --kv-events", file=sys.stderr)
-        return 2
-    try:
-        llm = llm_from_args(args)
-        server = Server(
-            llm,
-            host=args.host,
-            port=args.port,
-            api_key=api_key,
-            model_name=args.served_model_name,
-            kv_events=args.kv_events,
-            kv_events_replay=args.kv_events_replay,
-            kv_events_topic=args.kv_events_topic,
-            kv_events_encoding=args.kv_events_encoding,
-            prefix_caching_hash_algo=args.prefix_caching_hash_algo,
-        )
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        print(f"warning: serving on {args.host} without an API key", file=sys.stderr)
-    print(f"KVScope serving {server.model_name} on {server.base_url}/v1", file=sys.stderr)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:  # uvicorn shuts down gracefully, then re-raises the Ctrl-C
-        pass
-    return 0
