@@ -90,7 +90,7 @@ class KVSnapshot:
     has_hash: np.ndarray  # bool: holds a full, hashed prefix block
     sequences: tuple[SequenceInfo, ...]
     metrics: PoolMetrics
-    # int8 KV group of each used or cached block (-1 if none), and each group's window in
+    # int16 KV group of each used or cached block (-1 if none), and each group's window in
     # tokens (None = full attention). One group (0) for a model whose layers attend alike.
     group: np.ndarray | None = None
     group_windows: tuple[int | None, ...] = (None,)
