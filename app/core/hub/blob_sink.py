@@ -115,6 +115,11 @@ class BlobSink:
         self._raise_writer_error()
         self._filled.put((buffer.obj, count))  # type: ignore[arg-type]
 
+    def release(self, buffer: memoryview) -> None:
+        """Give back a `buffer()` that received nothing: the pool stays whole for the next
+        read (a pause, a drop or a stall would otherwise cost one of its few buffers)."""
+        self._free.put(buffer.obj)  # type: ignore[arg-type]
+
     def write(self, chunk: bytes | memoryview) -> None:
         """Append bytes held elsewhere (copied into buffers)."""
         view = memoryview(chunk)

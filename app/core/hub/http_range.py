@@ -124,8 +124,13 @@ def _stream_once(
         control.attach(body.socket)
         while done < size:
             buffer = sink.buffer()
-            count = body.readinto(buffer[: min(len(buffer), size - done)])
+            try:
+                count = body.readinto(buffer[: min(len(buffer), size - done)])
+            except BaseException:
+                sink.release(buffer)  # a stall, a drop: the buffer goes back for the next GET
+                raise
             if count == 0:
+                sink.release(buffer)  # a drop, or our pause shutting the socket
                 break
             sink.submit(buffer, count)
             done += count

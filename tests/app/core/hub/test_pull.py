@@ -316,6 +316,30 @@ def test_pause_resume_and_cancel_from_another_thread(
     assert [p for p in other.rglob("*") if not p.is_dir()] == []  # no bytes, state, or link
 
 
+def test_many_pauses_in_one_download_still_finish_it(fake_hub: FakeHub, hf_cache: Path) -> None:
+    # Each pause ends a read with nothing received; the sink's few buffers must all come back
+    # (a lost one per pause hung the fifth resume).
+    data = weights(8 * MIB, 4)
+    fake_hub.add_repo("org/Paused-GGUF", {"P-Q4_K_M.gguf": data})
+    fake_hub.set_faults("org/Paused-GGUF", "P-Q4_K_M.gguf", rate_bytes_per_s=8 * MIB)
+    job = Pull("org/Paused-GGUF", policy=FAST)
+    result: list[Path] = []
+    errors: list[BaseException] = []
+    worker = threading.Thread(target=lambda: _run_catching(job, errors, result), daemon=True)
+    worker.start()
+    try:
+        for _ in range(6):
+            served = fake_hub.bytes_served("P-Q4_K_M.gguf")
+            wait_for(lambda s=served: fake_hub.bytes_served("P-Q4_K_M.gguf") > s + MIB // 4)
+            job.pause()
+            wait_for(lambda: job.progress.state == "paused")
+            job.resume()
+        worker.join(timeout=20)
+    finally:
+        job.cancel()
+    assert not errors and result and result[0].read_bytes() == data
+
+
 def test_two_pulls_of_one_file_do_not_share_its_partial_bytes(
     fake_hub: FakeHub, repo: str, q4: bytes
 ) -> None:
