@@ -34,7 +34,7 @@ SAMPLING_FLAGS = {
 def llm_from_args(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> LLM:
     """An engine from the engine flags of the terminal subcommands; `progress(words)` hears
     each slow stage as it starts."""
-    knobs = {f.name: getattr(args, f.name) for f in engine_knobs()}
+    knobs = _knobs(args)
     if progress is None:
         return LLM(**knobs)
     from kvscope.engine.model.loader import load_model
@@ -47,4 +47,8 @@ def llm_from_args(args: argparse.Namespace, progress: Callable[[str], None] | No
 
 def check_engine_flags(args: argparse.Namespace) -> None:
     """Raise ValueError naming a bad engine flag, without loading anything."""
-    EngineConfig(**{f.name: getattr(args, f.name) for f in engine_knobs()})
+    EngineConfig(**_knobs(args))
+
+
+def _knobs(args: argparse.Namespace) -> dict:
+    return {f.name: getattr(args, f.name) for f in engine_knobs()}

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 _REHASH_BLOCK = 8 << 20
-BUFFER_BYTES = 1 << 20  # one read from the socket
+_BUFFER_BYTES = 1 << 20  # one read from the socket
 _BUFFERS = 4  # buffers in turn between the socket's thread and the writer
 _FLUSH_EVERY = 8 << 20  # bytes written between two flushes: small, so writeback keeps up
 
@@ -55,7 +55,7 @@ def _flush(fd: int) -> None:
 
 
 class BlobSink:
-    """A partial file being filled: `open` resumes it; `buffer` + `submit` append (or `write`);
+    """A partial file being filled: `open` resumes it; `buffer` + `submit` append;
     `drain` waits for what was submitted; `hexdigest` ends it; `close` always."""
 
     def __init__(self, path: Path, algorithm: str, size: int) -> None:
@@ -93,7 +93,7 @@ class BlobSink:
                     on_rehash(done)
         os.lseek(self._fd, have, os.SEEK_SET)
         for _ in range(_BUFFERS):
-            self._free.put(bytearray(BUFFER_BYTES))
+            self._free.put(bytearray(_BUFFER_BYTES))
         self._writer = threading.Thread(target=self._write_filled, name="pull-writer")
         self._writer.daemon = True
         self._writer.start()
@@ -119,16 +119,6 @@ class BlobSink:
         """Give back a `buffer()` that received nothing: the pool stays whole for the next
         read (a pause, a drop or a stall would otherwise cost one of its few buffers)."""
         self._free.put(buffer.obj)  # type: ignore[arg-type]
-
-    def write(self, chunk: bytes | memoryview) -> None:
-        """Append bytes held elsewhere (copied into buffers)."""
-        view = memoryview(chunk)
-        while view:
-            buffer = self.buffer()
-            count = min(len(view), len(buffer))
-            buffer[:count] = view[:count]
-            self.submit(buffer, count)
-            view = view[count:]
 
     def drain(self) -> None:
         """Wait until every submitted byte is written and hashed; a full disk raises
