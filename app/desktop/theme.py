@@ -85,6 +85,10 @@ class _Follower(QObject):
         self._restyle = restyle
 
     def apply(self, palette: Palette) -> None:
+        # A closed pyqtgraph view has cleared its scene (its items' C++ side is gone) while the
+        # widget waits for deletion: nothing is left to restyle.
+        if getattr(self.parent(), "closed", False):
+            return
         self._restyle(palette)
 
 
