@@ -24,6 +24,7 @@ from kvscope.app.bench.sharing_bench import measure_fork_blocks, measure_prefix_
 from kvscope.app.bench.structured_bench import THROUGHPUT_TARGET as STRUCTURED_TARGET
 from kvscope.app.bench.structured_bench import measure_structured
 from kvscope.app.bench.workload import load_chat_workload
+from kvscope.app.core.defaults import default_max_model_len
 from kvscope.engine import LLM, SamplingParams
 from kvscope.engine.model.loader import LoadedModel, load_model
 
@@ -163,7 +164,9 @@ def benchmark(
     # float32 as a user gets it with dtype="float32" and the default quantization: the GGUF
     # dequantized once at load where it fits (engine/sizing/float32_weights.py), the same numbers HF
     # transformers computes with, a like-for-like race. Its layout is reported with its rate.
-    llm = LLM(model=loaded, device="cpu", dtype="float32")
+    # The product's context, as the app, `serve` and `record` run this model.
+    context = default_max_model_len(loaded.config.max_position_embeddings)
+    llm = LLM(model=loaded, device="cpu", dtype="float32", max_model_len=context)
     engine = llm.engine
     prompts = [engine.tokenize(engine.apply_chat_template(r.messages))[1] for r in requests]
     max_tokens = [r.max_tokens for r in requests]
@@ -178,7 +181,7 @@ def benchmark(
     eos_ids = set(engine.eos_token_ids)  # the stop set both engines and HF use
     del llm, engine  # its float32 weights, before the quantized engine is built
     # The defaults a user gets, from the file (`loaded` may hold dequantized weights).
-    quantized = LLM(model=loaded.source, device="cpu")
+    quantized = LLM(model=loaded.source, device="cpu", max_model_len=context)
     q_stats = quantized.stats()
     quantized.generate([prompts[0]], SamplingParams(max_tokens=2, temperature=0.0))
     with meter.phase("ours_quantized_workload"):

@@ -9,6 +9,7 @@ import typing
 
 from kvscope.app.cli import hub_commands, search_command, whatif
 from kvscope.app.core.block_hashes import ALGOS, DEFAULT_ALGO
+from kvscope.app.core.defaults import MAX_MODEL_LEN_HELP
 from kvscope.app.core.engine_flags import SAMPLING_FLAGS, engine_knobs
 from kvscope.engine.config import KNOB, QUANTIZATIONS, EngineConfig
 
@@ -24,7 +25,7 @@ def _engine_args(p: argparse._ActionsContainer, skip=()) -> None:  # a parser or
             type=_flag_type(hints[f.name]),
             default=f.default,
             choices=knob.choices or None,
-            help=knob.help,
+            help=MAX_MODEL_LEN_HELP if f.name == "max_model_len" else knob.help,
         )
 
 

@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import Field
 
+from kvscope.app.core.defaults import default_max_model_len
 from kvscope.engine import LLM
 from kvscope.engine.config import KNOB, EngineConfig, user_knobs
 
@@ -32,16 +33,19 @@ SAMPLING_FLAGS = {
 
 
 def llm_from_args(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> LLM:
-    """An engine from the engine flags of the terminal subcommands; `progress(words)` hears
-    each slow stage as it starts."""
-    knobs = _knobs(args)
-    if progress is None:
-        return LLM(**knobs)
+    """An engine from the engine flags of the terminal subcommands, with the product's default
+    context where `--max-model-len` is not given; `progress(words)` hears each slow stage as it
+    starts."""
     from kvscope.engine.model.loader import load_model
 
-    progress("reading the model's header and tokenizer")
+    knobs = _knobs(args)
+    say = progress or (lambda _words: None)
+    say("reading the model's header and tokenizer")
     loaded = load_model(knobs.pop("model"), progress)
-    progress("loading the weights and sizing the KV pool")
+    if knobs["max_model_len"] is None:
+        context = loaded.config.max_position_embeddings
+        knobs["max_model_len"] = default_max_model_len(context)
+    say("loading the weights and sizing the KV pool")
     return LLM(model=loaded, **knobs)
 
 

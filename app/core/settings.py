@@ -15,7 +15,9 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from kvscope.app.core.defaults import DEFAULT_CPU_KV_MIB, DEFAULT_MAX_MODEL_LEN
 from kvscope.engine.config import EngineConfig, user_knobs
+from kvscope.engine.input_file import open_input_file
 
 # The theme setting's choices (app/desktop/theme.py applies them).
 THEMES = ("system", "light", "dark")
@@ -26,14 +28,10 @@ OVERFLOW_POLICIES = {
 }
 # The devices the dialog offers; EngineConfig also takes "cuda:N".
 DEVICES = ("auto", "cpu", "cuda")
-# The app's defaults make the paged-vs-naive comparison mean something: 512 MiB of CPU KV hold
-# 728 blocks of 16 (float32 KV, 45 KiB/token for the bundled model) to 1,456 (bfloat16), so at
-# a 2,048-token context the pool holds 5.7-11 full contexts and the naive allocator fits 5-11
-# reservations side by side, while the map stays readable. (The model's own 8,192 would let
-# one naive sequence reserve nearly the whole pool.) 2,048 tokens is a long chat for it.
-DEFAULT_CPU_KV_MIB = 512
-DEFAULT_MAX_MODEL_LEN = 2048
-KV_BUDGET_HELP = "the KV pool's size on a CPU; on CUDA, GPU memory utilization sizes it"
+KV_BUDGET_HELP = (
+    f"the KV pool's size on a CPU (default: {DEFAULT_CPU_KV_MIB:,} MiB, as `kvscope serve` and "
+    "`record` size it); on CUDA, GPU memory utilization sizes it"
+)
 
 
 @dataclass
@@ -163,6 +161,10 @@ def _dataclass_from(cls, data: object, name: str):
     return cls(**{k: v for k, v in data.items() if k in known})
 
 
+# The file holds a few dozen values (~1 KB); anything near this is not a settings file.
+MAX_SETTINGS_BYTES = 1 << 20
+
+
 def settings_path() -> Path:
     from kvscope.app.core.paths import data_dir
 
@@ -174,9 +176,14 @@ def load_settings(path: Path | None = None) -> AppSettings:
     path = path or settings_path()
     if not path.exists():
         return AppSettings()
+    # A regular file of a settings file's size (a link to /dev/zero once read without end).
+    with open_input_file(path, "settings file", MAX_SETTINGS_BYTES) as f:
+        data = f.read(MAX_SETTINGS_BYTES + 1)
     try:
-        return AppSettings.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        return AppSettings.from_dict(json.loads(data))
+    except RecursionError:  # nested past the parser's depth: not a settings file either
+        raise ValueError(f"{path}: JSON nested too deeply for a settings file") from None
+    except (TypeError, ValueError) as e:  # json's errors (not UTF-8 too) are ValueErrors
         raise ValueError(f"{path}: {e}") from e
 
 

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvscope.app.core.defaults import MAX_MODEL_LEN_HELP
 from kvscope.app.core.engine_messages import EngineInfo
 from kvscope.app.core.settings import (
     DEVICES,
@@ -43,6 +44,12 @@ from kvscope.app.core.settings import (
 from kvscope.app.desktop.settings.build_check import build_problems, context_limit
 from kvscope.engine.config import knob_of
 from kvscope.engine.cpu_threads import default_num_threads, usable_cpus
+
+# Rows whose meaning in the app differs from the engine knob's help (the app's defaults).
+_DIALOG_HELP = {
+    "kv_budget_mib": KV_BUDGET_HELP,
+    "max_model_len": f"{MAX_MODEL_LEN_HELP}; \"model's own\" takes the model's context length",
+}
 
 # The widget of an engine row: what _value reads and _changed listens to.
 EngineRowWidget = QComboBox | QCheckBox | QSpinBox | QDoubleSpinBox
@@ -122,7 +129,7 @@ class SettingsDialog(QDialog):
         engine_box = QGroupBox("Engine")
         form = QFormLayout(engine_box)
         for name, (label, widget) in self._engine_rows.items():
-            help_text = KV_BUDGET_HELP if name == "kv_budget_mib" else knob_of(name).help
+            help_text = _DIALOG_HELP.get(name) or knob_of(name).help
             # As rich text, which Qt wraps; plain text would be one long line.
             widget.setToolTip(f"<p>{html.escape(help_text, quote=False)}</p>")
             form.addRow(label, widget)

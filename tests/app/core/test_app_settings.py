@@ -21,8 +21,8 @@ TIMEOUT_MS = 120_000
 def test_settings_round_trip_and_defaults(tmp_path):
     path = tmp_path / "settings.json"
     assert load_settings(path) == AppSettings()  # nothing saved yet
-    assert AppSettings().engine.kv_budget_mib == DEFAULT_CPU_KV_MIB == 512
-    assert AppSettings().engine.max_model_len == DEFAULT_MAX_MODEL_LEN == 2048
+    assert AppSettings().engine.kv_budget_mib == DEFAULT_CPU_KV_MIB == 1024
+    assert AppSettings().engine.max_model_len == DEFAULT_MAX_MODEL_LEN == 4096
     settings = AppSettings().with_engine(block_size=32, allocator="contiguous")
     settings.sampling.temperature = 0.2
     settings.overflow_policy = "drop_oldest"
@@ -68,9 +68,9 @@ SAVED_FILE = {
         "dtype": "auto",
         "kv_cache_dtype": "auto",
         "block_size": 16,
-        "kv_budget_mib": 512,
+        "kv_budget_mib": 1024,
         "gpu_memory_utilization": 0.9,
-        "max_model_len": 2048,
+        "max_model_len": 4096,
         "max_num_seqs": 64,
         "enable_prefix_caching": True,
         "allocator": "paged",
