@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvscope.engine.kv.events import KVEvent
+from kvscope.engine.kv.events import KVEvent, SequenceAdmitted
 from kvscope.engine.sampling_params import SamplingParams
 from kvscope.engine.scheduler import ScheduledBatch
 from kvscope.engine.sequence import Request, Sequence
@@ -114,6 +114,8 @@ class _Simulation(RecordedRunner):
         self.engine = SimEngine(config, trace.settings, outputs, _vocab(finished, outputs))
         if keep_events:
             self.engine.keep_events()
+        self.recompute_hits = 0
+        self.engine.observers.events.subscribe(self._count_recompute_hits)
         self.engine.runner = self
         self.t0 = min([r.time for r in finished] + [s.time for s in trace.steps[:1]], default=0)
         self.recorded = {s.step - trace.start_step: s for s in trace.steps}
@@ -143,6 +145,7 @@ class _Simulation(RecordedRunner):
             # for a full collection, which holds the GIL meanwhile (a thread beside a sweep
             # waited up to 115 ms for it; 96 ms with this, 29 ms with the collector off).
             self.engine.runner = RecordedRunner()
+            self.engine.observers.events.unsubscribe(self._count_recompute_hits)  # the same
 
     def _run(self) -> SimResult:
         engine = self.engine
@@ -179,8 +182,14 @@ class _Simulation(RecordedRunner):
             if not self.on_track:
                 engine.clock += self.cost.gap_s
         outcomes = [RequestOutcome.of(req, at, step) for req, at, step in self.arrived.values()]
-        summary = summarize(self.steps, outcomes, self.rejected, self.diverged_at)
+        summary = summarize(
+            self.steps, outcomes, self.rejected, self.diverged_at, self.recompute_hits
+        )
         return SimResult(self.config, self.steps, outcomes, summary, self.cost, engine.events)
+
+    def _count_recompute_hits(self, event: KVEvent) -> None:
+        if isinstance(event, SequenceAdmitted) and not event.first:
+            self.recompute_hits += event.hit_tokens
 
     def _stop(self, why: str) -> None:
         done = sum(r.is_finished for r, _, _ in self.arrived.values())

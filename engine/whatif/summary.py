@@ -65,6 +65,10 @@ class SimSummary:
     p95_ttft_s: float
     prefix_hit_tokens: int
     diverged_at: int | None  # the first step unlike the recording's; None: none was
+    # Of prefix_hit_tokens, those a preempted sequence found again when it was re-admitted
+    # (its own blocks, still cached): more preemptions, more of these. None where unknown (a
+    # recording's own figures: its steps count hits, not whose).
+    recompute_hit_tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +79,7 @@ def summarize(
     outcomes: list[RequestOutcome],
     rejected: int,
     diverged_at: int | None,
+    recompute_hit_tokens: int | None = None,
 ) -> SimSummary:
     waits = [o.wait_s for o in outcomes if o.wait_s is not None]
     ttfts = [o.ttft_s for o in outcomes if o.ttft_s is not None]
@@ -97,6 +102,7 @@ def summarize(
         p95_ttft_s=_pct(ttfts, 95),
         prefix_hit_tokens=steps[-1].prefix_hit_tokens if steps else 0,
         diverged_at=diverged_at,
+        recompute_hit_tokens=recompute_hit_tokens,
     )
 
 
