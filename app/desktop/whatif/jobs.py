@@ -13,6 +13,7 @@ when none are left, its `done` is the whole sweep).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from kvscope.app.desktop.whatif.runner import JobControl
 from kvscope.engine.trace import Trace
@@ -57,7 +58,10 @@ def replay_recorded(trace: Trace, between_steps: Pause = _no_pause) -> RecordedR
     are as recorded)."""
     result = simulate(trace, keep_events=True, between_steps=between_steps)
     seekers = warm_seeker(result, between_steps), warm_seeker(result, between_steps)
-    return result, recorded_summary(trace), *seekers
+    figures = recorded_summary(trace)
+    if result.diverged_at is None:  # the replay is the recording: whose hits they were too
+        figures = replace(figures, recompute_hit_tokens=result.summary.recompute_hit_tokens)
+    return result, figures, *seekers
 
 
 def simulate_whatif(

@@ -28,9 +28,17 @@ FIGURES = (
     ("waiting", "WAIT", "Sequences waiting (new, or preempted) after that step"),
     ("preemptions", "PREEMPT", "Preemptions so far"),
 )
+# A step that ended with its running sequences all finished and others waiting: not a stall.
+BETWEEN_STEPS_TIP = (
+    "Every sequence running in this step finished in it; the next step admits the waiting "
+    "ones at once (nothing stalls). The map shows a step's end until the next step ends."
+)
 # Each tile's share of the row, by what it must show (its caption, a value of a few digits):
 # with equal shares "PREEMPT" lost its last letter in a 1024 px window and "RUN" had room to spare.
 FIGURE_STRETCH = {"step": 6, "blocks_used": 6, "running": 4, "waiting": 5, "preemptions": 7}
+
+
+TIPS = {key: tip for key, _caption, tip in FIGURES}
 
 
 def step_index_at(ends: list[float], t: float) -> int:
@@ -134,5 +142,8 @@ class RunSide(QWidget):
             self.shown_step = number
         for key, figure in self.figures.items():
             figure.value.setText(f"{getattr(step, key):,}" if step is not None else "0")
+        between = step is not None and step.running == 0 and step.waiting > 0
+        for key in ("running", "waiting"):
+            self.figures[key].setToolTip(BETWEEN_STEPS_TIP if between else TIPS[key])
         self.figures["step"].value.setText(f"{number:,}")
         self.figures["step"].setToolTip(f"The step shown, of this run's {len(self._ends):,}")

@@ -118,6 +118,14 @@ def _cell(summary: SimSummary | None, names: tuple[str, ...], fmt) -> str:
     return " · ".join(fmt(getattr(summary, n)) for n in names)
 
 
+def _known(v: float | None) -> str:
+    return "—" if v is None else _count(v)
+
+
+# Under the hit tokens, where either run re-read any: hits that are no sharing at all.
+RECOMPUTE_ROW = ("  of which re-reads after preemption", ("recompute_hit_tokens",), _known)
+
+
 def figures_html(recorded: SimSummary, whatif: SimSummary | None) -> str:
     """The table of figures, recorded beside what-if; the what-if's cell is bold where it
     differs."""
@@ -127,8 +135,12 @@ def figures_html(recorded: SimSummary, whatif: SimSummary | None) -> str:
         f"<tr><th></th><th align='right' style='color:{theme.paged_hex}; {pad}'>Recorded</th>"
         f"<th align='right' style='color:{theme.naive_hex}; {pad}'>What if</th></tr>"
     )
+    shown_rows = list(ROWS)
+    if any(s is not None and s.recompute_hit_tokens for s in (recorded, whatif)):
+        at = next(i for i, row in enumerate(ROWS) if row[1] == ("prefix_hit_tokens",))
+        shown_rows.insert(at + 1, RECOMPUTE_ROW)
     rows = []
-    for label, names, fmt in ROWS:
+    for label, names, fmt in shown_rows:
         mine, theirs = _cell(recorded, names, fmt), _cell(whatif, names, fmt)
         shown = f"<b style='color:{p.strong}'>{theirs}</b>" if theirs != mine else theirs
         rows.append(
@@ -161,7 +173,54 @@ def headline(recorded: SimSummary, result: SimResult, caveat: str = "") -> str:
     if s.rejected:
         parts.append(f"<b>{s.rejected} refused</b>")
     text = " · ".join(parts) + "<br>" + escape(divergence_line(result))
+    for line in (hits_line(recorded, s), idle_line(result)):
+        if line:
+            text += "<br>" + escape(line)
     return text + (f"<br><i>{escape(caveat)}</i>" if caveat else "")
+
+
+def hits_line(recorded: SimSummary, s: SimSummary) -> str:
+    """Why the what-if's prefix hits exceed the recording's, where they do: re-reads after
+    preemption, and first admissions that came after the shared prefix was computed; ""
+    otherwise."""
+    again = s.recompute_hit_tokens or 0
+    parts = []
+    if again:
+        parts.append(
+            f"{again:,} of the {s.prefix_hit_tokens:,} prefix-hit tokens are re-reads after "
+            "preemption: a preempted sequence is prefilled again and finds its own blocks "
+            "still cached"
+        )
+    if recorded.recompute_hit_tokens is not None:
+        more = (s.prefix_hit_tokens - again) - (
+            recorded.prefix_hit_tokens - recorded.recompute_hit_tokens
+        )
+        if more > 0:
+            parts.append(
+                f"{more:,} more are first admissions that came later than recorded, when the "
+                "shared prefix had been computed (a request admitted in the step that computes "
+                "it cannot share it)"
+            )
+    if not parts:
+        return ""
+    return "; ".join(parts) + ". More hits here is not more sharing."
+
+
+def idle_line(result: SimResult) -> str:
+    """What a step end with nothing running and requests waiting is: "" when there is none.
+    The engine admits them in the very next step (nothing stalls), but the maps and plots
+    show a step's end until the next step ends, so the moment shows for one step."""
+    idle = [s for s in result.steps if s.running == 0 and s.waiting > 0]
+    if not idle:
+        return ""
+    first = idle[0]
+    many = len(idle) > 1
+    return (
+        f"{len(idle):,} step{'s' * many} (the first: step {first.step:,}, {first.waiting:,} "
+        "waiting) ended with every running sequence finished and others "
+        "waiting: the next step admits them at once, nothing stalls. The maps and plots hold "
+        "a step's end until the next step ends, so such a moment shows 0 running for a step."
+    )
 
 
 def completeness_note(trace: Trace) -> str:
