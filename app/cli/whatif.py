@@ -99,6 +99,7 @@ def _run(args: argparse.Namespace, done: list[int]) -> int:
     from kvscope.engine.whatif import (
         CostModel,
         SimBudget,
+        SweepWorkerDied,
         WhatIf,
         cost_caveat,
         recorded_summary,
@@ -155,9 +156,13 @@ def _run(args: argparse.Namespace, done: list[int]) -> int:
                 flush=True,
             )
 
-    points_run = sweep(
-        trace, [WhatIf(), *points], cost, workers=jobs, budget=budget, on_point=progress
-    )
+    try:
+        points_run = sweep(
+            trace, [WhatIf(), *points], cost, workers=jobs, budget=budget, on_point=progress
+        )
+    except SweepWorkerDied as e:  # killed twice (out of memory?): say which point, not hang
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     caveats = {}  # what -> what its step times cannot know (the same for every row of a dtype)
     for point in points_run:
         summary = point.summary.to_dict() if point.summary else None
