@@ -1,8 +1,8 @@
 """MapColumn: the block map over the collapsible load-generator pane, in a vertical splitter.
 
 Opened, the load generator takes the height its form wants where that leaves the map its
-minimum, and scrolls otherwise; the rolling plots keep PLOT_MIN_HEIGHT per row whatever the
-window's size, so neither a short window nor the open pane crushes them.
+minimum, and scrolls otherwise; the block map's panel keeps its maps readable and drops rows of
+plots first (app/desktop/blockmap/maps_over_plots.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from kvscope.app.desktop.blockmap import BlockMapPanel
 from kvscope.app.desktop.simulated_users.panel import LoadGeneratorPanel
 
 MAP_MIN_WIDTH = 520  # the block map's state key is about this wide
-PLOT_MIN_HEIGHT = 80  # each rolling plot keeps its title, axis and a readable curve
 LOADGEN_MIN_HEIGHT = 72  # two rows of the load generator's form; the rest scrolls
 UNLIMITED = 16_777_215  # Qt's QWIDGETSIZE_MAX, which PySide6 does not export
 
@@ -35,7 +34,6 @@ class MapColumn(QSplitter):
         # Its metrics strip asks for ever more width as numbers grow; the window keeps its
         # size and the panel gets what the splitter gives it.
         self.blockmap.setMinimumWidth(MAP_MIN_WIDTH)
-        self._keep_plots_readable()
         self.loadgen_panel = LoadGeneratorPanel()
         self.loadgen_toggle = QToolButton()
         self.loadgen_toggle.setText("Simulated users (load generator)")
@@ -61,15 +59,6 @@ class MapColumn(QSplitter):
         self.addWidget(self.loadgen_section)
         self.setStretchFactor(0, 1)
         self._toggle_loadgen(False)
-
-    def _keep_plots_readable(self) -> None:
-        """PLOT_MIN_HEIGHT per row of plots plus the grid's margins: a short window or the open
-        pane shrinks the maps above the plots instead."""
-        grid = self.blockmap.plots.ci.layout
-        rows = grid.rowCount()
-        _left, top, _right, bottom = grid.getContentsMargins()
-        chrome = top + bottom + grid.verticalSpacing() * (rows - 1)
-        self.blockmap.plots.setMinimumHeight(int(rows * PLOT_MIN_HEIGHT + chrome))
 
     def _toggle_loadgen(self, shown: bool) -> None:
         self.loadgen_scroll.setVisible(shown)

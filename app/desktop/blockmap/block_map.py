@@ -24,6 +24,7 @@ from collections.abc import Collection
 
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QFont, QFontMetrics
 from PySide6.QtWidgets import QWidget
 
 from kvscope.app.desktop.blockmap import bins, colors, lens, overview, raster
@@ -225,8 +226,14 @@ class BlockMapView(pg.GraphicsView):
     def _caption_lens(self, start: int, stop: int) -> None:
         p = current()
         per_dot = self.layout_plan.grid.blocks_per_bin if self.layout_plan.grid else 1
-        text = lens.caption(start, stop, self.follow, bool(self.selected), per_dot, p.faint)
-        self.lens_caption.setText(text, color=p.text, size="8pt")
+        texts = lens.captions(start, stop, self.follow, bool(self.selected), per_dot, p.faint)
+        font = QFont(self.font())
+        font.setPointSize(8)
+        metrics, room = QFontMetrics(font), self.width() - 8  # the label's own margins
+        text = next(
+            (rich for rich, plain in texts if metrics.horizontalAdvance(plain) <= room), None
+        )
+        self.lens_caption.setText(text or texts[-1][0], color=p.text, size="8pt")
 
     def move_lens_to(self, block: int) -> None:
         """Centre the lens on a block's row and pin it there (binned only)."""

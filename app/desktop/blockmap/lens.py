@@ -57,15 +57,30 @@ def clamp_row(row: int, total_rows: int, visible_rows: int) -> int:
     return int(min(max(row, 0), max(total_rows - visible_rows, 0)))
 
 
-def caption(start: int, stop: int, follow: bool, selection: bool, per_dot: int, faint: str) -> str:
-    """The lens's one-line caption: which blocks it shows and why there (short: it must fit
-    a map half of a 1024 px window)."""
+def captions(
+    start: int, stop: int, follow: bool, selection: bool, per_dot: int, faint: str
+) -> list[tuple[str, str]]:
+    """The lens's one-line caption, as (rich text, plain text), longest first: which blocks it
+    shows, why there, and the overview's scale; a narrow map takes the first that fits."""
     if follow:
-        why = "following the selection" if selection else "following the busiest region"
+        why, short = (
+            ("following the selection", "selection")
+            if selection
+            else (
+                "following the busiest region",
+                "busiest",
+            )
+        )
     else:
-        why = "pinned (double-click: follow)"
-    dots = f"{per_dot:,} blocks per dot" if per_dot > 1 else "1 block per dot"
-    return (
-        f"Lens: blocks {start:,}–{max(stop - 1, start):,} · {why}"
-        f" <span style='color:{faint}'>· overview: {dots}</span>"
-    )
+        why, short = "pinned (double-click: follow)", "pinned"
+    blocks = f"Lens: blocks {start:,}–{max(stop - 1, start):,}"
+    dots = f"overview: {per_dot:,} blocks per dot" if per_dot > 1 else "overview: 1 block per dot"
+    return [
+        (
+            f"{blocks} · {why} <span style='color:{faint}'>· {dots}</span>",
+            f"{blocks} · {why} · {dots}",
+        ),
+        (f"{blocks} · {why}", f"{blocks} · {why}"),
+        (f"{blocks} · {short}", f"{blocks} · {short}"),
+        (blocks, blocks),
+    ]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from kvscope.app.core.request_ids import group_of
 from kvscope.app.desktop.blockmap import colors
@@ -24,6 +24,7 @@ from kvscope.app.desktop.blockmap.caption_label import CaptionLabel
 from kvscope.app.desktop.blockmap.captions import paged_caption, selection_caption, shadow_caption
 from kvscope.app.desktop.blockmap.glossary import explain
 from kvscope.app.desktop.blockmap.legend import GroupLegend, StateKey
+from kvscope.app.desktop.blockmap.maps_over_plots import MAP_MIN_PX, MapsOverPlots
 from kvscope.app.desktop.blockmap.metrics_strip import MetricsStrip, held_share, useful_share
 from kvscope.app.desktop.blockmap.pool_fit import naive_warning
 from kvscope.app.desktop.blockmap.time_plots import TimePlots
@@ -80,6 +81,7 @@ class _MapFrame(QWidget):
         self.caption = CaptionLabel(placeholder)  # as tall as its wrapped lines, 3 at least
         self.caption.setToolTip(explain(*terms))
         self.map = BlockMapView()
+        self.map.setMinimumHeight(MAP_MIN_PX)
         layout.addWidget(self.caption)
         layout.addWidget(self.map, 1)
 
@@ -134,12 +136,7 @@ class BlockMapPanel(QWidget):
         # Chips above the key, each the full width: side by side they overlapped under 1600 px.
         top_layout.addWidget(self.legend)
         top_layout.addWidget(self.key)
-        splitter = QSplitter(Qt.Orientation.Vertical)
-        splitter.addWidget(top)
-        splitter.addWidget(self.plots)
-        splitter.setStretchFactor(0, 3)
-        splitter.setStretchFactor(1, 2)
-        splitter.setSizes([600, 330])
+        splitter = MapsOverPlots(top, self.plots)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addWidget(self.banner)

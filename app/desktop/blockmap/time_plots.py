@@ -68,6 +68,7 @@ PLOTS: tuple[tuple[str, str, tuple[float, float] | float, list[Series]], ...] = 
 )
 SERIES = tuple(key for _t, _u, _r, series in PLOTS for key, *_ in series)
 HEADROOM = 1.15  # a free range's top above its largest value
+ROW_MIN_PX = 80  # a plot row keeps its title, axis and a readable curve
 
 
 def role_hex(role: str) -> str:
@@ -116,7 +117,40 @@ class TimePlots(pg.GraphicsLayoutWidget):
                 self.curves[key] = plot.plot(connect="finite")
                 self.curves[key].setClipToView(True)
         self.plots = [self.getItem(i // columns, i % columns) for i in range(len(PLOTS))]
+        self.columns = columns
+        self.rows = -(-len(PLOTS) // columns)
+        self.rows_shown = self.rows
         follow_theme(self, self._restyle)
+
+    def chrome_px(self) -> int:
+        """The grid's margins and row spacing: what ROW_MIN_PX per row leaves out."""
+        grid = self.ci.layout
+        _left, top, _right, bottom = grid.getContentsMargins()
+        return int(top + bottom + grid.verticalSpacing() * (self.rows - 1))
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        if not hasattr(self, "rows_shown"):  # pyqtgraph's own constructor resizes first
+            return
+        # In a short window the first row (held, useful slots, sequences) stays readable and
+        # the rest step aside; their figures are in the metrics strip above the maps.
+        fits = int((self.height() - self.chrome_px()) // ROW_MIN_PX)
+        self._show_rows(min(self.rows, max(1, fits)))
+
+    def _show_rows(self, rows: int) -> None:
+        if rows == self.rows_shown:
+            return
+        for i, plot in enumerate(self.plots):
+            row, col = divmod(i, self.columns)
+            shown = plot in self.ci.items
+            if row < rows and not shown:
+                self.ci.addItem(plot, row=row, col=col)
+            elif row >= rows and shown:
+                self.ci.removeItem(plot)
+                plot.hide()
+            if row < rows:
+                plot.show()
+        self.rows_shown = rows
 
     def _restyle(self, palette: Palette) -> None:
         """The ground, titles, axes and series pens in a theme's colours."""

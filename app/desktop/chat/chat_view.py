@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvscope.app.desktop.chat.backend_picker import BackendPicker
+from kvscope.app.desktop.chat.chat_header import ChatHeader
 from kvscope.app.desktop.chat.context_meter import ContextMeter
 from kvscope.app.desktop.chat.markdown import plain_text
 from kvscope.app.desktop.chat.message_bubble import MessageBubble
@@ -150,10 +151,7 @@ class ChatView(QWidget):
         self.stop.setObjectName("stopButton")
         self.stop.setVisible(False)
 
-        header = QHBoxLayout()
-        header.addWidget(self.title, 1)
-        header.addWidget(self.system_toggle)
-        header.addWidget(self.sampling_toggle)
+        self.header = ChatHeader(self.title, [self.system_toggle, self.sampling_toggle])
         composer_row = QHBoxLayout()
         composer_row.addWidget(self.composer, 1)
         buttons = QVBoxLayout()
@@ -163,7 +161,7 @@ class ChatView(QWidget):
         composer_row.addLayout(buttons)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
-        layout.addLayout(header)
+        layout.addWidget(self.header)
         layout.addWidget(self.system_prompt)
         layout.addWidget(self.message_scroll, 1)
         layout.addWidget(self.notice)

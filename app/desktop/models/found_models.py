@@ -29,8 +29,13 @@ from kvscope.app.desktop.models import discovery as model_discovery
 from kvscope.app.desktop.models.discovery import FoundModel, ModelSummary
 
 DESCRIBE_BUDGET_S = 8.0
-COLUMNS = ("Name", "Size", "Quant.", "Found in")  # short headers: the name gets the width
-HEADER_TIPS = ("File name (Ollama: name and tag)", "", "Quantization: the file's own type", "")
+COLUMNS = ("Name", "Size", "Quant.", "Where")  # short headers: the name gets the width
+HEADER_TIPS = (
+    "File name (Ollama: name and tag)",
+    "",
+    "Quantization: the file's own type",
+    "Where it was found: LM Studio, Ollama, the Hugging Face cache, ~/models, recent",
+)
 PATH_ROLE = Qt.ItemDataRole.UserRole
 # A name elided in the middle keeps its model and its quantization readable at this many
 # characters ("gemma-3-270…Q4_K_M.gguf"); the cell and the frame take the margins.
@@ -76,8 +81,14 @@ class FoundModelsList(QWidget):
         header = self.tree.header()
         header.setStretchLastSection(False)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for column in range(1, len(COLUMNS)):
+        for column in range(1, len(COLUMNS) - 1):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        # "Hugging Face cache" at its contents' width pushed the column past a 1024 px dialog's
+        # edge: the place keeps the width of the shortest ("Ollama"), elided, its tooltip whole.
+        header.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeMode.Interactive)
+        header.resizeSection(
+            len(COLUMNS) - 1, self.tree.fontMetrics().horizontalAdvance("Ollama__")
+        )
         self.status = QLabel("Looking for GGUF files…", wordWrap=True)
         self.status.setObjectName("hintText")
         self._note = note
@@ -110,6 +121,7 @@ class FoundModelsList(QWidget):
             item = QTreeWidgetItem([model.title, format_size(model.size_bytes), "…", model.source])
             item.setData(0, PATH_ROLE, str(model.path))
             item.setToolTip(0, f"{model.title}\n{model.path}")
+            item.setToolTip(len(COLUMNS) - 1, model.source)
             self.tree.addTopLevelItem(item)
         where = (
             "the LM Studio, GPT4All, Jan and Ollama folders, the Hugging Face cache, ~/models"

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QFileDialog,
     QFormLayout,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
@@ -68,7 +70,6 @@ class ModelPicker(QGroupBox):
 
     def __init__(self, model: str | None, parent: QWidget | None = None) -> None:
         super().__init__("Model", parent)
-        self.setMinimumWidth(MIN_WIDTH)
         self.source = QComboBox()
         self.source.addItems(SOURCES)
         self.path = QLineEdit(placeholderText="path to a .gguf file or an HF model folder")
@@ -93,13 +94,24 @@ class ModelPicker(QGroupBox):
         form = QFormLayout()
         form.addRow("Source", self.source)
         form.addRow("Path", row)
+        # The header and the planner's lines scroll rather than being cut mid-sentence where
+        # the found list leaves them less height than they need (a 700 px screen).
+        details = QWidget()
+        details_layout = QVBoxLayout(details)
+        details_layout.setContentsMargins(0, 0, 0, 0)
+        details_layout.addWidget(self.info)
+        details_layout.addWidget(self.prediction)
+        details_layout.addWidget(self.error)
+        details_layout.addStretch(1)
+        self.details = QScrollArea(widgetResizable=True)
+        self.details.setObjectName("modelDetails")
+        self.details.setFrameShape(QFrame.Shape.NoFrame)
+        self.details.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.details.setWidget(details)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.found)
-        layout.addWidget(self.info)
-        layout.addWidget(self.prediction)
-        layout.addWidget(self.error)
-        layout.addStretch(1)
+        layout.addWidget(self.details, 1)
 
         if model:
             gguf = str(model).lower().endswith(".gguf") or is_gguf_file(model)  # Ollama's blobs
@@ -111,6 +123,12 @@ class ModelPicker(QGroupBox):
         self.found.model_chosen.connect(self.choose_gguf)
         self.get_model.clicked.connect(self._get_model)
         self._source_changed()
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt's name)
+        # A hint, not setMinimumWidth: the found list widens its least width once it knows its
+        # columns, and a fixed minimum below that clipped its last column.
+        hint = super().minimumSizeHint()
+        return QSize(max(MIN_WIDTH, hint.width()), hint.height())
 
     def model_path(self) -> str | None:
         if self.source.currentIndex() == 0:

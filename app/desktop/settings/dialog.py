@@ -122,6 +122,12 @@ class SettingsDialog(QDialog):
             "num_threads": ("CPU threads", self.threads),
         }
         self.policy = QComboBox()
+        # Its longest choice set the dialog's least width (318 px beside a 230 px label): the
+        # box shows 20 characters, its list the whole of each choice.
+        self.policy.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+        )
+        self.policy.setMinimumContentsLength(20)
         for key, label in OVERFLOW_POLICIES.items():
             self.policy.addItem(label, key)
         self.policy.setCurrentIndex(list(OVERFLOW_POLICIES).index(settings.overflow_policy))

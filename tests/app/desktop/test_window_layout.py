@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from PySide6.QtCore import QPoint, QRect
 
-from kvscope.app.desktop.map_column import PLOT_MIN_HEIGHT
+from kvscope.app.desktop.blockmap.maps_over_plots import MAP_MIN_PX
+from kvscope.app.desktop.blockmap.time_plots import ROW_MIN_PX
+from kvscope.app.desktop.chat.chat_header import TITLE_MIN_PX
 
 SMALL = (1024, 700)  # a 1024x768 screen less a panel and the title bar
 DEFAULT = (1400, 860)
@@ -27,7 +29,8 @@ def _settle(qtbot, window, size, load_panel_open):
 
 def _plot_rects(window):
     plots = window.blockmap.plots
-    return [plots.mapFromScene(p.sceneBoundingRect()).boundingRect() for p in plots.plots]
+    shown = [p for p in plots.plots if p.isVisible()]
+    return [plots.mapFromScene(p.sceneBoundingRect()).boundingRect() for p in shown]
 
 
 def test_the_window_fits_a_1024x700_screen_with_the_load_panel_closed_and_open(make_window, qtbot):
@@ -42,13 +45,17 @@ def test_the_window_fits_a_1024x700_screen_with_the_load_panel_closed_and_open(m
         assert window.status.model_label.is_elided()
 
 
-def test_plots_keep_their_height_when_the_load_panel_opens(make_window, qtbot):
+def test_maps_then_plots_keep_their_height_when_the_load_panel_opens(make_window, qtbot):
     window = make_window()
     _settle(qtbot, window, DEFAULT, False)
+    heights = [r.height() for r in _plot_rects(window)]
+    assert len(heights) == 6 and min(heights) >= ROW_MIN_PX, heights
     _settle(qtbot, window, DEFAULT, True)
     assert window.map_column.loadgen_scroll.isVisible() and window.loadgen_panel.start.isVisible()
+    # The open pane takes a row of plots, not the maps' height.
+    assert window.blockmap.paged_map.height() >= MAP_MIN_PX, window.blockmap.paged_map.height()
     heights = [r.height() for r in _plot_rects(window)]
-    assert min(heights) >= PLOT_MIN_HEIGHT, heights
+    assert len(heights) >= 3 and min(heights) >= ROW_MIN_PX, heights
     # The panel's pane is in the map column, below the map, not on top of it.
     section = window.map_column.loadgen_section.geometry()
     assert window.blockmap.geometry().bottom() < section.top()  # the handle between
@@ -71,6 +78,22 @@ def test_at_1024x700_the_status_bar_shows_and_plot_titles_do_not_overlap(make_wi
             assert titles[i].text_fits(), titles[i].text
             for b in rects[i + 1 :]:
                 assert not a.intersects(b), (shown, a, b)
+
+
+def test_at_1024x700_with_the_load_panel_open_the_maps_come_before_the_plots(
+    make_window, qtbot
+):
+    # The issue: both maps shrank to ~40 px strips while two rows of plots kept their height.
+    window = make_window()
+    _settle(qtbot, window, SMALL, True)
+    for view in (window.blockmap.paged_map, window.blockmap.shadow_map):
+        assert view.height() >= MAP_MIN_PX, view.height()
+    heights = [r.height() for r in _plot_rects(window)]
+    assert len(heights) >= 3 and min(heights) >= ROW_MIN_PX, heights  # one row at least
+    # The chat's title keeps room to say which chat is open.
+    assert window.chat.title.width() >= TITLE_MIN_PX, window.chat.title.width()
+    _settle(qtbot, window, DEFAULT, False)
+    assert len(_plot_rects(window)) == 6  # a taller window brings the second row back
 
 
 def test_the_load_panel_learns_the_engine_it_drives(make_window):

@@ -217,3 +217,17 @@ def test_the_lens_outline_covers_exactly_the_lens_bins():
     assert (middle.y(), middle.height(), middle.width()) == (1, 2, 20)
     assert (head.x(), head.width(), head.y()) == (0, 6, 3)
     assert lens_rects(grid, 7, 7) == []
+
+
+def test_the_lens_caption_says_less_rather_than_run_off_a_narrow_map(big_view, qtbot):
+    from PySide6.QtGui import QFontMetrics
+
+    snap = make_snapshot(200_000, [Seq(1, "conv-1/r0", tuple(range(100)), 100 * BS)])
+    big_view.set_snapshot(snap)
+    assert "busiest region" in big_view.lens_caption.text and "overview" in big_view.lens_caption.text
+    big_view.resize(250, VIEW[1])  # a map half at 1024 px with the chat column wide
+    qtbot.waitUntil(lambda: big_view.width() == 250)
+    label = big_view.lens_caption.item  # the QGraphicsTextItem pyqtgraph draws
+    shown = QFontMetrics(label.font()).horizontalAdvance(label.toPlainText())
+    assert shown <= big_view.width(), (label.toPlainText(), shown)
+    assert label.toPlainText().startswith("Lens: blocks 0–")  # what it shows stays said

@@ -99,6 +99,10 @@ def test_the_picker_shows_readable_names_and_the_files_own_type(
     width = tree.columnWidth(0) - 12  # the cell's margins
     shown = tree.fontMetrics().elidedText(item.text(0), Qt.ElideMiddle, width)
     assert shown.startswith("gemma-3-") and shown.endswith("Q4_K_M.gguf"), shown
+    # Every column inside the Model box (the place column ran off its edge at 1024 px).
+    tree_right = tree.mapTo(dialog.picker, tree.rect().topRight()).x()
+    assert tree_right <= dialog.picker.contentsRect().right(), (tree_right, dialog.picker.width())
+    assert tree.header().length() <= tree.viewport().width()
     # The list's status line and the model info below it never overlap.
     listing.tree.itemClicked.emit(item, 0)
     qtbot.waitUntil(lambda: "2 layers" in dialog.picker.info.text(), timeout=TIMEOUT_MS)
