@@ -336,7 +336,14 @@ def preemption_demo(
 def describe_progress(in_flight: list[str], sequences: list[tuple[str, str]]) -> str:
     """The generator's requests in flight, "8 submitted: 3 running, 5 waiting", from the
     engine's sequences as (request id, status) pairs: a request runs if any of its samples
-    does; one the engine has not listed yet waits."""
-    running = {request_id for request_id, status in sequences if status == "running"}
-    active = sum(request_id in running for request_id in in_flight)
-    return f"{len(in_flight)} submitted: {active} running, {len(in_flight) - active} waiting"
+    does and waits if the engine lists it otherwise, the words the Sequences tile and the status
+    bar use; one the engine does not list (sent since its last step, or finished in it) is
+    "not in the engine yet", so "waiting" means the same number everywhere."""
+    listed: dict[str, bool] = {}
+    for request_id, status in sequences:
+        listed[request_id] = listed.get(request_id, False) or status == "running"
+    running = sum(listed.get(request_id, False) for request_id in in_flight)
+    waiting = sum(request_id in listed for request_id in in_flight) - running
+    line = f"{len(in_flight)} submitted: {running} running, {waiting} waiting"
+    unlisted = len(in_flight) - running - waiting
+    return f"{line}, {unlisted} not in the engine yet" if unlisted else line

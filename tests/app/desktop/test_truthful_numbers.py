@@ -210,6 +210,11 @@ def test_load_progress_and_status_bar_tell_running_from_waiting(qtbot, default_m
     snapshot, stats = llm.engine.kv_snapshot(), llm.stats()
     pairs = [(s.request_id, s.status) for s in snapshot.sequences]
     assert describe_progress(list(gen.in_flight), pairs) == "8 submitted: 3 running, 5 waiting"
+    # A request sent since the engine's last step is not counted as waiting: the Sequences tile
+    # and the status bar say 5 waiting, and so does the panel (the issue: "1 waiting" vs 0).
+    line = describe_progress([*gen.in_flight, "sent-just-now"], pairs)
+    assert line == "9 submitted: 3 running, 5 waiting, 1 not in the engine yet"
+    assert stats["num_waiting"] == 5
 
     bar = EngineStatusBar()
     qtbot.addWidget(bar)
