@@ -120,7 +120,7 @@ class MainWindow(QMainWindow):
         self.chat.sampling.defaults_requested.connect(self._sampling_defaults_chosen)
         self.menus = build_menus(
             self,
-            new_chat=self.chats.new_conversation,
+            new_chat=self.chats.new_chat_requested,
             delete_chat=self.delete_current_chat,
             export_chat=self.export_current_chat,
             open_settings=self.open_settings,

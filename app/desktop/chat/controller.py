@@ -94,7 +94,7 @@ class ChatController(QObject):
         self._stream_timer = QTimer(self, singleShot=True, interval=STREAM_REDRAW_MS)
         self._stream_timer.timeout.connect(self._show_stream)
 
-        conversations.new_requested.connect(self.new_conversation)
+        conversations.new_requested.connect(self.new_chat_requested)
         conversations.conversation_selected.connect(self.open_conversation)
         conversations.rename_requested.connect(self.rename_conversation)
         conversations.delete_requested.connect(self.delete_conversation)
@@ -149,6 +149,17 @@ class ChatController(QObject):
         self.refresh_group_labels()
         self.chat.composer.setFocus()
         return conv.id
+
+    def new_chat_requested(self) -> int:
+        """New chat from the button or the menu: the open chat while it is untouched (no
+        message, title or system prompt yet), so a second click makes no second empty chat."""
+        cid = self.current_id
+        if cid is not None and cid not in self.pending and not self.store.messages(cid):
+            conv = self.store.conversation(cid)
+            if conv.title == NEW_CHAT_TITLE and not conv.system_prompt.strip():
+                self.chat.composer.setFocus()
+                return cid
+        return self.new_conversation()
 
     def open_conversation(self, conversation_id: int | None) -> None:
         self.current_id = conversation_id

@@ -417,3 +417,19 @@ def test_a_reply_the_disk_cannot_take_does_not_hang_the_chat(make_window, qtbot,
     monkeypatch.setattr(window.store, "add_message", real)
     with qtbot.waitSignal(window.chats.reply_finished, timeout=TIMEOUT_MS):
         window.chats.regenerate(cid)
+
+
+def test_new_chat_twice_opens_one_empty_chat(make_window, qtbot):
+    window = make_window(max_tokens=2)
+    button = window.conversations.new_button
+    button.click()
+    first = window.chats.current_id
+    button.click()  # the issue: two clicks made two empty chats
+    assert window.chats.current_id == first
+    assert [c.id for c in window.store.conversations()].count(first) == 1
+    assert len(window.store.conversations()) == 1
+    window.chats.send_message("hello", first)
+    qtbot.waitUntil(lambda: first not in window.chats.pending, timeout=60_000)
+    button.click()  # a chat with a message in it stays; this one is new
+    assert window.chats.current_id != first
+    assert len(window.store.conversations()) == 2
