@@ -6,7 +6,7 @@ search that matches nothing says so rather than leaving an empty list.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtGui import QAction, QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -78,6 +78,12 @@ class ConversationList(QWidget):
         layout.addWidget(self.list, 1)
         self._generating: dict[int, QColor | None] = {}
         self._current: int | None = None
+        # A reply that starts or ends moves its chat to the top; under the pointer that moved
+        # the row about to be clicked. While the pointer is over the list the rows keep their
+        # order (labels still change) and the list re-sorts when it leaves.
+        self._pointer_inside = False
+        self._resort_due = False
+        self.list.installEventFilter(self)
 
         self.new_button.clicked.connect(self.new_requested)
         self.search.textChanged.connect(lambda _text: self.refresh())
@@ -87,8 +93,18 @@ class ConversationList(QWidget):
             lambda item: self.ask_rename(item.data(Qt.ItemDataRole.UserRole))
         )
 
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt's name)
+        if watched is self.list and event.type() == QEvent.Type.Enter:
+            self._pointer_inside = True
+        elif watched is self.list and event.type() == QEvent.Type.Leave:
+            self._pointer_inside = False
+            if self._resort_due:
+                self.refresh()
+        return super().eventFilter(watched, event)
+
     def refresh(self) -> None:
         """Reload from the store, keeping the selection."""
+        self._resort_due = False
         self.list.blockSignals(True)
         self.list.clear()
         conversations = self.store.conversations(self.search.text())
@@ -128,7 +144,16 @@ class ConversationList(QWidget):
             self._generating[conversation_id] = color
         else:
             self._generating.pop(conversation_id, None)
-        self.refresh()
+        if not self._pointer_inside:
+            self.refresh()
+            return
+        self._resort_due = True
+        for row in range(self.list.count()):  # in place: the marks change, not the order
+            item = self.list.item(row)
+            cid = item.data(Qt.ItemDataRole.UserRole)
+            item.setText(self._label(cid, item.toolTip()))
+            color = self._generating.get(cid)
+            item.setForeground(color if color is not None else self.list.palette().text())
 
     def ask_rename(self, conversation_id: int) -> None:
         title = self.store.conversation(conversation_id).title
