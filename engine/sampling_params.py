@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeGuard
@@ -27,15 +28,20 @@ def _is_int(value: object) -> TypeGuard[int]:
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
     if not _is_int(value) or value < low or (high is not None and value > high):
         allowed = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ParamError(name, f"{name} must be an int {allowed}, got {value!r}")
+        raise ParamError(name, f"{name} must be an int {allowed}, got {reprlib.repr(value)}")
 
 
 def _check_number(name: str, value: object, ok: Callable[[float], bool], allowed: str) -> None:
     is_number = _is_int(value) or isinstance(value, float)
+    got = reprlib.repr(value)  # a 5,000-digit int from a file or a request, cut short
     if not is_number or not isinstance(value, (int, float)):  # the second narrows for mypy
-        raise ParamError(name, f"{name} must be a finite number {allowed}, got {value!r}")
-    if not math.isfinite(value) or not ok(value):
-        raise ParamError(name, f"{name} must be a finite number {allowed}, got {value!r}")
+        raise ParamError(name, f"{name} must be a finite number {allowed}, got {got}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int past float's range: JSON holds one, a settings file did
+        finite = False
+    if not finite or not ok(value):
+        raise ParamError(name, f"{name} must be a finite number {allowed}, got {got}")
 
 
 def _check_bool(name: str, value: object) -> None:

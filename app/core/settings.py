@@ -12,12 +12,15 @@ defaults and says so.
 from __future__ import annotations
 
 import json
+import math
+import reprlib
+import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from kvscope.app.core.defaults import DEFAULT_CPU_KV_MIB, DEFAULT_MAX_MODEL_LEN
 from kvscope.engine.config import EngineConfig, user_knobs
-from kvscope.engine.input_file import open_input_file
+from kvscope.engine.input_file import read_input_file
 
 # The theme setting's choices (app/desktop/theme.py applies them).
 THEMES = ("system", "light", "dark")
@@ -155,14 +158,50 @@ class AppSettings:
 
 
 def _dataclass_from(cls, data: object, name: str):
+    """`cls` from a JSON object's known keys, each of its field's type (ints and floats finite
+    and in range, strings short): what the engine's checks expect to be given."""
     if not isinstance(data, dict):
-        raise ValueError(f"settings {name!r} must be a JSON object, got {data!r}")
-    known = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in known})
+        raise ValueError(f"settings {name!r} must be a JSON object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    return cls(
+        **{
+            f.name: _typed(f"{name}.{f.name}", data[f.name], hints[f.name])
+            for f in fields(cls)
+            if f.name in data
+        }
+    )
+
+
+def _typed(where: str, value: object, hint: object) -> object:
+    """`value` if it is of the field type `hint` (`int`, `float`, `str`, `bool`, or one of
+    them or None); ValueError naming the key. A NaN or a 400-digit int is no setting."""
+    kinds = typing.get_args(hint) or (hint,)
+    number = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and abs(value) <= MAX_INT
+        and math.isfinite(value)
+    )
+    for kind in kinds:
+        if (
+            (kind is type(None) and value is None)
+            or (kind is bool and isinstance(value, bool))
+            or (kind is int and number and isinstance(value, int))
+            or (kind is float and number)
+            or (kind is str and isinstance(value, str) and len(value) <= MAX_STRING_CHARS)
+        ):
+            return value
+    names = " or ".join(
+        "null" if k is type(None) else getattr(k, "__name__", str(k)) for k in kinds
+    )
+    raise ValueError(f"settings {where} must be {names}, got {reprlib.repr(value)}")
 
 
 # The file holds a few dozen values (~1 KB); anything near this is not a settings file.
 MAX_SETTINGS_BYTES = 1 << 20
+MAX_MESSAGE_CHARS = 300  # of a value's complaint, in the window's note
+MAX_INT = (1 << 63) - 1  # past every count, size and seed a setting holds
+MAX_STRING_CHARS = 4096  # a model's path is the longest string
 
 
 def settings_path() -> Path:
@@ -177,14 +216,15 @@ def load_settings(path: Path | None = None) -> AppSettings:
     if not path.exists():
         return AppSettings()
     # A regular file of a settings file's size (a link to /dev/zero once read without end).
-    with open_input_file(path, "settings file", MAX_SETTINGS_BYTES) as f:
-        data = f.read(MAX_SETTINGS_BYTES + 1)
+    data = read_input_file(path, "settings file", MAX_SETTINGS_BYTES)
     try:
         return AppSettings.from_dict(json.loads(data))
     except RecursionError:  # nested past the parser's depth: not a settings file either
         raise ValueError(f"{path}: JSON nested too deeply for a settings file") from None
     except (TypeError, ValueError) as e:  # json's errors (not UTF-8 too) are ValueErrors
-        raise ValueError(f"{path}: {e}") from e
+        # A message quotes the bad value, which in a damaged file can run to megabytes.
+        text = str(e) if len(str(e)) <= MAX_MESSAGE_CHARS else str(e)[:MAX_MESSAGE_CHARS] + "…"
+        raise ValueError(f"{path}: {text}") from e
 
 
 def save_settings(settings: AppSettings, path: Path | None = None) -> None:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -59,8 +60,10 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar, get_type_hints
 
+from kvscope.engine.input_file import open_input_file
 from kvscope.engine.kv.session_json import (
     MAX_HEADER_BYTES,
+    SNIFF_BYTES,
     decode_field,
     decode_line,
     load_json,
@@ -306,9 +309,9 @@ def event_from_json(
     missing = types_.keys() - record.keys() - _defaulted(cls)  # type: ignore[arg-type]
     extra = record.keys() - types_.keys()
     if missing:
-        raise ValueError(f"{kind} event lacks fields {sorted(missing)}")
+        raise ValueError(f"{kind} event lacks fields {shown(sorted(missing))}")
     if extra:
-        raise ValueError(f"{kind} event has unknown fields {sorted(extra)}")
+        raise ValueError(f"{kind} event has unknown fields {shown(sorted(extra))}")
     values = {
         name: decode_field(record[name], hint, f"{kind}.{name}")
         for name, hint in types_.items()
@@ -344,10 +347,16 @@ def read_numbered_events(
 ) -> tuple[dict[str, Any], Iterator[tuple[int, KVEvent]]]:
     """`read_events`, each event with its line number (for messages that name the line)."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"KV event file {path} does not exist")
-    with path.open("rb") as f:
-        first = f.readline(MAX_HEADER_BYTES + 1)
+    with open_input_file(path, "KV event file") as f:
+        # A header is a JSON object: a file that does not start like one (a 1 GB file of NUL
+        # bytes) is refused from its first bytes, not after a 256 MiB line has been read.
+        first = f.readline(SNIFF_BYTES)
+        if b"\0" in first or (len(first) == SNIFF_BYTES and first.lstrip()[:1] != b"{"):
+            raise ValueError(
+                f"{path}:1: not a KVScope event file (bad header: its first bytes are no JSON)"
+            )
+        if len(first) == SNIFF_BYTES and not first.endswith(b"\n"):
+            first += f.readline(MAX_HEADER_BYTES + 1 - len(first))
     if not first:
         raise ValueError(f"KV event file {path} is empty")
     try:
@@ -369,6 +378,9 @@ def _parse_lines(path: Path) -> Iterator[tuple[int, KVEvent]]:
         try:
             record = load_json(line)
             if not is_trace_line(record):
-                yield number, event_from_json(record)
+                event = event_from_json(record)
+                if not math.isfinite(event.time):  # the trace's reader checks its own lines
+                    raise ValueError(f"{event.kind}.time is {event.time!r}; it must be finite")
+                yield number, event
         except ValueError as e:  # json.JSONDecodeError is one too
             raise ValueError(f"{path}:{number}: {e}") from None

@@ -17,12 +17,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
 
+from kvscope.engine.input_file import open_input_file
+
 # An event line lists at most one table's blocks (a 10^6-token context is ~60k blocks of 16).
 MAX_LINE_BYTES = 64 << 20
 # The header lists every cached block of the pool (up to ~10^7 of them, ~10 bytes each).
 MAX_HEADER_BYTES = 256 << 20
+# The first bytes read of a file, to refuse one that does not start like a session file (a
+# header is a JSON object) before reading a line of up to MAX_HEADER_BYTES.
+SNIFF_BYTES = 4096
 # Every int the format carries fits the int64 arrays the replay keeps (seq ids, block ids).
 MAX_INT = (1 << 63) - 1
+# An int where a float is expected is taken as one; past this it has no float (OverflowError).
+MAX_FLOAT_INT = 1 << 1000
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxtuple = 2, 6, 4, 6
@@ -47,7 +54,7 @@ def numbered_lines(path: Path, skip_header: bool = True) -> Iterator[tuple[int, 
     """(line number, text) of each non-empty line after the header, read one at a time, so a
     file of any size replays in bounded memory; a line over MAX_LINE_BYTES or not UTF-8 is a
     ValueError naming it."""
-    with path.open("rb") as f:
+    with open_input_file(path, "KV event file") as f:
         if skip_header:
             f.readline(MAX_HEADER_BYTES + 1)
         number = 1
@@ -60,9 +67,10 @@ def numbered_lines(path: Path, skip_header: bool = True) -> Iterator[tuple[int, 
 
 def decode_line(path: Path, number: int, raw: bytes, limit: int) -> str:
     """One line's text without its line ending; ValueError when too long or not UTF-8."""
-    raw = raw.rstrip(b"\r\n")
-    if len(raw) > limit:
+    # Measured before the ending is cut: a line at the cap is not copied to be refused.
+    if len(raw) > limit and not (len(raw) == limit + 1 and raw.endswith(b"\n")):
         raise ValueError(f"{path}:{number}: line is longer than {limit >> 20} MiB")
+    raw = raw.rstrip(b"\r\n")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -80,6 +88,8 @@ def decode_field(value: Any, hint: Any, where: str) -> Any:
             raise ValueError(f"{where} is {shown(value)}, above the format's limit 2**63 - 1")
     elif hint is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and isinstance(value, int) and abs(value) > MAX_FLOAT_INT:
+            raise ValueError(f"{where} is {shown(value)}, too large for a number of seconds")
         value = float(value) if ok else value
     elif hint is str:
         ok = isinstance(value, str)

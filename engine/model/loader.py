@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kvscope.engine.input_file import check_input_file
 from kvscope.engine.memory.model_too_large import ModelTooLargeError
 from kvscope.engine.model.loaded_model import (
     LoadedModel,
@@ -51,8 +52,8 @@ def load_model(
     `progress(line)`, if given, is told when a slow step starts (a GGUF tokenizer's first
     conversion), so a caller such as the app can show it."""
     path = default_model_path() if model is None else Path(model).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"model path does not exist: {path}")
+    if not path.is_dir():  # a file: regular (a device or a pipe is no model), or missing
+        check_input_file(path, "model path")
     try:
         return _load(path, progress)
     except MemoryError as e:  # a huge vocabulary or header on a full machine: not a bad file

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
+from kvscope.engine.input_file import check_input_file
 from kvscope.engine.kv.layout import KVLayout
 
 # format_bytes and parse_bytes are read off this module too (the app's picker and CLI).
@@ -102,8 +103,8 @@ def model_config(model: ModelSpec = None) -> ModelConfig:
     from kvscope.engine.model.loader import default_model_path
 
     path = default_model_path() if model is None or model == "default" else Path(model).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"model path does not exist: {path}")
+    if not path.is_dir():  # a file: regular (a device or a pipe is no model), or missing
+        check_input_file(path, "model path")
     if path.is_file() and path.suffix.lower() == ".json":
         return hf_config(path.parent)
     if path.is_dir():

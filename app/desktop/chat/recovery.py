@@ -13,9 +13,12 @@ import sqlite3
 import time
 from pathlib import Path
 
-from kvscope.app.desktop.chat.store import ChatStore
+from kvscope.app.desktop.chat.store import ChatStore, NewerSchemaError
 
 TABLES = ("conversations", "messages")  # parents first: messages reference conversations
+# What reading a damaged file raises: SQLite's errors, and its messages quoting bytes that are
+# not UTF-8 (a schema's damaged name), which Python cannot decode.
+READ_ERRORS = (sqlite3.Error, UnicodeDecodeError)
 
 
 def open_chat_store(path: Path) -> tuple[ChatStore, str | None]:
@@ -26,9 +29,17 @@ def open_chat_store(path: Path) -> tuple[ChatStore, str | None]:
         store = ChatStore(path)
         verdict = store._db.execute("PRAGMA quick_check").fetchone()[0]
         if verdict == "ok":
+            verdict = _schema_check(store)
+        if verdict == "ok":
             return store, None
         store.close()
         reason = f"integrity check: {verdict}"
+    except NewerSchemaError as e:  # a newer KVScope's chats: kept as they are, unread
+        return ChatStore(":memory:"), (
+            f"{e}. Chats in this session will not be saved; update KVScope to open them."
+        )
+    except UnicodeDecodeError as e:  # SQLite's message quotes a damaged schema's bytes
+        reason = f"its schema is not UTF-8 text ({e.reason} at byte {e.start})"
     except (sqlite3.DatabaseError, OSError) as e:
         if not _damaged(e) or not path.is_file():
             # Not the file's content but the place (a read-only or missing data dir): chats live
@@ -53,6 +64,21 @@ def open_chat_store(path: Path) -> tuple[ChatStore, str | None]:
     )
 
 
+def _schema_check(store: ChatStore) -> str:
+    """Which table lacks which columns, or "ok": a damaged schema (a flipped byte in a
+    column's name) passes SQLite's check but fails every later read of that column."""
+    fresh = ChatStore(":memory:")
+    try:
+        for table in TABLES:
+            want = {row[1] for row in fresh._db.execute(f"PRAGMA table_info({table})")}
+            have = {row[1] for row in store._db.execute(f"PRAGMA table_info({table})")}
+            if want - have:
+                return f"table {table} lacks the columns {sorted(want - have)}"
+    finally:
+        fresh.close()
+    return "ok"
+
+
 def _damaged(error: Exception) -> bool:
     """SQLite's words for a file whose content is broken (not for one it cannot open)."""
     text = str(error).lower()
@@ -66,8 +92,9 @@ def salvage(old: Path, store: ChatStore) -> dict[str, int]:
     counts: dict[str, int] = {}
     try:
         src = sqlite3.connect(f"file:{old}?mode=ro", uri=True)
-    except sqlite3.Error:
+    except READ_ERRORS:
         return counts
+    src.text_factory = lambda raw: raw.decode("utf-8", errors="replace")  # as the store reads
     try:
         for table in TABLES:
             counts[table] = _copy_table(src, store._db, table)
@@ -84,7 +111,7 @@ def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) ->
         if not columns:
             return 0
         cursor = src.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY rowid")
-    except sqlite3.Error:
+    except READ_ERRORS:
         return 0
     insert = (
         f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) "
@@ -94,12 +121,12 @@ def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) ->
     while True:
         try:
             row = cursor.fetchone()
-        except sqlite3.Error:  # the rest of the table is unreadable
+        except READ_ERRORS:  # the rest of the table is unreadable
             break
         if row is None:
             break
         try:
             copied += dst.execute(insert, row).rowcount
-        except sqlite3.Error:  # a row that breaks a constraint: skip it, keep the rest
+        except READ_ERRORS:  # a row that breaks a constraint: skip it, keep the rest
             continue
     return copied

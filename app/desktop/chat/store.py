@@ -9,6 +9,7 @@ PRAGMA user_version; `_MIGRATIONS[i]` upgrades version i to i + 1.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -101,6 +102,10 @@ class Message:
     alternative_metrics: list[dict] = field(default_factory=list)  # one per alternative, or []
 
 
+class NewerSchemaError(ValueError):
+    """The database was written by a newer KVScope: left as it is, never migrated down."""
+
+
 class ChatStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -108,6 +113,8 @@ class ChatStore:
         # Autocommit mode; writes open explicit transactions through _tx().
         self._db = sqlite3.connect(self.path, isolation_level=None)
         self._db.row_factory = sqlite3.Row
+        # A damaged file can hold text that is not UTF-8: shown with U+FFFD, never an exception.
+        self._db.text_factory = _text
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -119,7 +126,7 @@ class ChatStore:
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise ValueError(
+            raise NewerSchemaError(
                 f"{self.path} has chat schema version {version}; this KVScope knows up to "
                 f"{SCHEMA_VERSION} (a newer KVScope wrote it)"
             )
@@ -371,18 +378,29 @@ class _Transaction:
         self._db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
+# A row read back as the dataclasses type it, whatever a damaged or hand-edited file holds
+# (SQLite keeps any value in any column): a wrong type reads as the field's empty value.
 def _conversation(row: sqlite3.Row) -> Conversation:
     d = dict(row)
-    d["sampling"] = _sampling_from(d["sampling"])
-    return Conversation(**d)
+    return Conversation(
+        id=_int(d["id"]),
+        title=_str(d["title"]),
+        system_prompt=_str(d["system_prompt"]),
+        created_at=_float(d["created_at"]),
+        updated_at=_float(d["updated_at"]),
+        sampling=_sampling_from(d.get("sampling")),
+        remote_connection=_str(d.get("remote_connection")) or None,
+        remote_model=_str(d.get("remote_model")) or None,
+    )
 
 
-def _sampling_from(text: str | None) -> dict | None:
+def _sampling_from(text: object) -> dict | None:
     """A chat's saved sampling settings; unreadable ones (a salvaged row) read as the defaults."""
-    try:
-        value = json.loads(text) if text else None
-    except ValueError:
-        return None
+    value = _json(text, None)
     return value if isinstance(value, dict) else None
 
 
@@ -392,10 +410,50 @@ def _json_or_null(value: dict | None) -> str | None:
 
 def _message(row: sqlite3.Row) -> Message:
     d = dict(row)
-    d["alternatives"] = json.loads(d["alternatives"]) if d["alternatives"] else []
-    d["metrics"] = json.loads(d["metrics"]) if d["metrics"] else {}
-    d["alternative_metrics"] = json.loads(d["alternative_metrics"] or "[]")
-    return Message(**d)
+    alternatives = _json(d["alternatives"], [])
+    if not isinstance(alternatives, list) or not all(isinstance(a, str) for a in alternatives):
+        alternatives = []
+    metrics = _json(d["metrics"], {})
+    entries = _json(d.get("alternative_metrics"), [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        entries = []
+    selected = _int(d["selected"])
+    return Message(
+        id=_int(d["id"]),
+        conversation_id=_int(d["conversation_id"]),
+        position=_int(d["position"]),
+        role=d["role"] if d["role"] in ("user", "assistant") else "assistant",
+        content=_str(d["content"]),
+        status=d["status"] if d["status"] in STATUSES else "complete",
+        alternatives=alternatives,
+        selected=selected if 0 <= selected < len(alternatives) else 0,
+        metrics=metrics if isinstance(metrics, dict) else {},
+        created_at=_float(d["created_at"]),
+        alternative_metrics=entries if len(entries) == len(alternatives) else [],
+    )
+
+
+def _json(text: object, default: object) -> object:
+    if not isinstance(text, str) or not text:
+        return default
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # a damaged or salvaged row: its default
+        return default
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _float(value: object) -> float:
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return 0.0
 
 
 def _escape_like(text: str) -> str:

@@ -19,6 +19,7 @@ from collections import OrderedDict
 from pathlib import Path
 from types import MappingProxyType
 
+from kvscope.engine.input_file import check_input_file
 from kvscope.engine.model.loader import default_model_path
 from kvscope.engine.model.model_config import ModelConfig
 from kvscope.engine.sizing import planner
@@ -95,6 +96,8 @@ def _key(model: str | os.PathLike | None) -> tuple:
     """The model's files as (path, size, mtime_ns): a file alone, a folder by the files its
     headers are read from. Raises FileNotFoundError naming a missing path."""
     path = default_model_path() if model in (None, "default") else Path(model).expanduser()
+    if path.exists() and not path.is_dir() and not path.is_file():
+        check_input_file(path, "model path")  # a device or a pipe, named as one
     if path.is_file() and path.suffix.lower() != ".json":
         root, files = path, [path]
     else:  # an HF folder, its config.json (the same model), or a folder holding one .gguf

@@ -40,6 +40,7 @@ from kvscope.app.desktop.blockmap.panel import (
 )
 from kvscope.app.desktop.palette import Palette, current
 from kvscope.app.desktop.theme import follow_theme
+from kvscope.engine.input_file import check_input_file, open_input_file
 from kvscope.engine.kv.replay import replay_events
 from kvscope.engine.kv.snapshot import KVSnapshot
 
@@ -57,13 +58,13 @@ PLAY_TEXT, PAUSE_TEXT = "▶ Play", "❚❚ Pause"
 def check_recording(path: Path) -> dict:
     """The recording's header; refuses what the viewer cannot hold, before anything sizes
     arrays from it (the reader checks the rest)."""
-    size = path.stat().st_size
+    size = check_input_file(path, "recording")  # a folder, a device, a pipe: said as such
     if size > MAX_FILE_BYTES:
         raise ValueError(
             f"{path} is {size / 2**20:,.0f} MiB; the viewer opens recordings up to "
             f"{MAX_FILE_BYTES >> 20} MiB (`kvscope replay` reads any size)"
         )
-    with path.open("rb") as f:
+    with open_input_file(path, "recording") as f:
         first = f.readline(HEADER_LIMIT)
     try:
         header = json.loads(first)

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from kvscope.engine.input_file import open_input_file
+
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
@@ -96,7 +98,7 @@ class GGUFFile:
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     """Parse a little-endian GGUF v2/v3 file. Raises ValueError naming `path` if it is not one."""
     path = Path(path)
-    with open(path, "rb") as f:
+    with open_input_file(path, "GGUF file") as f:  # a regular file: mmap takes no device
         size = os.fstat(f.fileno()).st_size
         if size < HEADER_SIZE:
             raise ValueError(f"{path}: {size} bytes is too short for a GGUF header")

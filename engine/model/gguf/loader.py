@@ -18,6 +18,7 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from kvscope.engine.input_file import check_input_file
 from kvscope.engine.memory.model_too_large import ModelTooLargeError
 from kvscope.engine.model import gemma3_config
 from kvscope.engine.model.config_limits import check_layer_count, check_sizes
@@ -86,8 +87,7 @@ _DENSE_NUMPY: dict[Q, np.dtype[np.generic]] = {
 def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> LoadedModel:
     """`progress(line)` hears of the slow steps (a first tokenizer conversion) as they start."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file does not exist: {path}")
+    check_input_file(path, "GGUF file")  # a missing file, a folder, a device: said as such
     gguf_file = read_gguf_model(path)
     path = gguf_file.path  # a split model's first part: its metadata is the model's
     metadata = gguf_file.metadata
