@@ -1,12 +1,12 @@
 """tests/ mirrors the source tree: the tests of app/desktop/chat/ are in tests/app/desktop/chat/,
 so the test of a module is found by its path. At tests/ itself sit only the shared helpers and
-fixtures; repository-wide checks are in tests/repo/, the packaging's in tests/packaging/ and
-the long drive's in tests/drive/."""
+fixtures; repository-wide checks are in tests/repo/, the packaging's in tests/packaging/, the
+long drive's in tests/drive/, and the file readers' fuzz corpus in tests/fuzz_corpus/."""
 
 from repo_paths import REPO, TESTS
 
 MIRRORED = ("app", "engine", "kernels")
-OWN_FOLDERS = {"repo", "packaging", "drive", "__pycache__"}
+OWN_FOLDERS = {"repo", "packaging", "drive", "fuzz_corpus", "__pycache__"}
 
 
 def test_no_test_module_sits_loose_at_the_top():
