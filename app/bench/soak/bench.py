@@ -17,6 +17,7 @@ import argparse
 import http.client
 import json
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ from kvscope.app.bench.serving.bench import (
 )
 from kvscope.app.bench.soak.hostile_clients import HostileResult, SlowSockets, hostile_actions
 from kvscope.app.bench.soak.hostile_peer import HostilePeer
+from kvscope.app.bench.soak.hostile_whatif import run_hostile_whatif
 from kvscope.app.bench.soak.polite_clients import (
     KINDS,
     POLITE_TIMEOUT_S,
@@ -290,8 +292,11 @@ def run_soak_bench(args: argparse.Namespace) -> int:
         out=Path(args.out),
         json_path=Path(args.json) if getattr(args, "json", None) else None,
     )
+    with tempfile.TemporaryDirectory(prefix="kvscope_soak_whatif_") as folder:
+        whatif_rows = run_hostile_whatif(Path(folder))  # before the server: nothing else runs
     port = _free_port()
     report = Soak(settings, server_command(args, port, settings.polite_clients), port).run()
+    report["whatif_hostile"] = whatif_rows
     path, png = settings.report_path, settings.beside_report(".png")
     path.write_text(json.dumps(report, indent=2))
     plot_soak(report, png)

@@ -11,6 +11,10 @@ import numpy as np
 from kvscope.app.bench.soak.hostile_clients import HostileResult
 from kvscope.app.bench.soak.polite_clients import PoliteResult
 
+# A hostile what-if trace must be refused within this (the slowest, a 1M-token prompt a token a
+# step, stops at its 1 s time budget).
+WHATIF_REFUSAL_S = 10.0
+
 
 def pct(values, q) -> float | None:
     return round(float(np.percentile(values, q)), 3) if len(values) else None
@@ -66,7 +70,8 @@ def log_figures(path: Path) -> dict:
 
 def broken_invariants(report: dict) -> list[str]:
     """What a sound server breaks nowhere: every well-behaved request whole, nothing held once
-    idle, still answering, no 5xx to a hostile request, the remote view's snapshots unharmed."""
+    idle, still answering, no 5xx to a hostile request, the remote view's snapshots unharmed;
+    and every hostile what-if trace refused, each within WHATIF_REFUSAL_S."""
     end, totals = report["end"], report["totals"]
     broken = []
     if totals["polite_lost"]:
@@ -82,6 +87,11 @@ def broken_invariants(report: dict) -> list[str]:
     peer = report.get("peer")
     if peer and peer["snapshot_failures"]:
         broken.append(f"remote snapshots failed: {peer['snapshot_failures'][0]}")
+    for row in report.get("whatif_hostile", []):
+        if not row["refused"]:
+            broken.append(f"what-if {row['case']}: not refused: {row['message']}")
+        elif row["seconds"] > WHATIF_REFUSAL_S:
+            broken.append(f"what-if {row['case']}: refused only after {row['seconds']} s")
     return broken
 
 
@@ -117,6 +127,12 @@ def summarize(report: dict) -> str:
         else "  server RSS not readable here",
         f"  server log: {report['server_log']['lines']} lines, "
         f"{report['server_log']['tracebacks']} tracebacks",
+        *(
+            f"  what-if {row['case']}: "
+            + ("refused" if row["refused"] else "NOT refused")
+            + f" in {row['seconds']} s, peak RSS +{row['peak_rss_delta_mb']} MB"
+            for row in report.get("whatif_hostile", [])
+        ),
         "  invariants: held" if not broken else "  invariants BROKEN: " + "; ".join(broken),
     ]
     return "\n".join(lines)

@@ -15,7 +15,8 @@ from remote_fakes import wait_until
 
 from kvscope.app.bench.soak.bench import SoakSettings
 from kvscope.app.bench.soak.hostile_peer import HostilePeer
-from kvscope.app.bench.soak.report import broken_invariants
+from kvscope.app.bench.soak.hostile_whatif import run_hostile_whatif
+from kvscope.app.bench.soak.report import WHATIF_REFUSAL_S, broken_invariants
 from kvscope.app.bench.soak.watch import PeerWatch
 from kvscope.app.cli.main import main
 
@@ -55,6 +56,11 @@ def test_a_short_soak_holds_its_invariants(tmp_path, monkeypatch):
     assert (json_path.parent / "report.png").stat().st_size > 10_000
     assert (json_path.parent / "report_server.log").exists()
     assert list(cwd.iterdir()) == []
+    # The what-if leg: every hostile trace refused, quickly, without the memory it asked for.
+    whatif = {row["case"]: row for row in report["whatif_hostile"]}
+    assert len(whatif) == 5 and all(row["refused"] for row in whatif.values()), whatif
+    assert all(row["seconds"] < WHATIF_REFUSAL_S for row in whatif.values()), whatif
+    assert all(row["peak_rss_delta_mb"] < 300 for row in whatif.values()), whatif
 
 
 def test_the_soaks_files_go_beside_its_report(tmp_path):
@@ -77,6 +83,7 @@ def _report(**changes) -> dict:
             "probe_error": "",
         },
         "peer": {"snapshot_failures": []},
+        "whatif_hostile": [{"case": "nan", "refused": True, "message": "m", "seconds": 0.1}],
     }
     for key, value in changes.items():
         section, field = key.split("__")
@@ -97,6 +104,27 @@ def test_each_broken_invariant_is_named():
     for key, (value, words) in cases.items():
         broken = broken_invariants(_report(**{key: value}))
         assert len(broken) == 1 and words in broken[0], (key, broken)
+    ran = {"case": "nan", "refused": False, "message": "8 simulations", "seconds": 0.1}
+    [broken] = broken_invariants({**_report(), "whatif_hostile": [ran]})
+    assert broken == "what-if nan: not refused: 8 simulations"
+    slow = {"case": "nan", "refused": True, "message": "m", "seconds": 60.0}
+    [broken] = broken_invariants({**_report(), "whatif_hostile": [slow]})
+    assert "refused only after 60.0 s" in broken
+
+
+def test_every_hostile_whatif_trace_is_refused_in_bounded_time_and_memory(tmp_path):
+    """Issue 43's what-if bombs, as `kvscope whatif` reads and runs them: each a clear refusal
+    (the reader's, the knobs' bound, the simulation's budget), none building what it asks for."""
+    started = time.monotonic()
+    rows = {row["case"]: row for row in run_hostile_whatif(tmp_path)}
+    assert time.monotonic() - started < 30  # a few seconds; a hang would be minutes
+    assert all(row["refused"] for row in rows.values()), rows
+    assert "trace_request.time is nan" in rows["NaN arrival, rate_scale=2"]["message"]
+    assert "16,777,216" in rows["header num_blocks 10^8"]["message"]
+    assert "at most" in rows["--set num_blocks=100000000"]["message"]
+    assert "time budget" in rows["1M-token prompt, max_batched_tokens=1"]["message"]
+    assert "trace_step.duration is inf" in rows["infinite step duration"]["message"]
+    assert all(row["peak_rss_delta_mb"] < 300 for row in rows.values()), rows
 
 
 def test_soak_settings_refuse_absurd_durations():
