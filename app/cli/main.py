@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import typing
 
+from kvscope import app as app_package
 from kvscope.app.cli import hub_commands, search_command, whatif
 from kvscope.app.core.block_hashes import ALGOS, DEFAULT_ALGO
 from kvscope.app.core.defaults import MAX_MODEL_LEN_HELP
@@ -374,6 +377,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit status; Ctrl-C at any point ends it with a line and 130 (while the
+    imports run, before this, kvscope/app/__init__.py's handler does the same)."""
+    loading = signal.getsignal(signal.SIGINT) is app_package.interrupted_while_loading
+    if loading and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a command may catch it
+    try:
+        return _dispatch(argv)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("generate", "chat"):
         from kvscope.app.cli import terminal
