@@ -34,19 +34,23 @@ SAMPLING_FLAGS = {
 
 def llm_from_args(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> LLM:
     """An engine from the engine flags of the terminal subcommands, with the product's default
-    context where `--max-model-len` is not given; `progress(words)` hears each slow stage as it
-    starts."""
-    from kvscope.engine.model.loader import load_model
+    context where `--max-model-len` is not given (read from the model's header, so the model
+    loads first); `progress(words)` hears each slow stage as it starts."""
+    from kvscope.engine.model.loader import LoadedModel, load_model
 
     knobs = _knobs(args)
+    model = knobs.pop("model")
+    if knobs["max_model_len"] is not None and progress is None:
+        return LLM(model=model, **knobs)
     say = progress or (lambda _words: None)
-    say("reading the model's header and tokenizer")
-    loaded = load_model(knobs.pop("model"), progress)
+    if not isinstance(model, LoadedModel):  # a caller may hand over a model it loaded
+        say("reading the model's header and tokenizer")
+        model = load_model(model, progress)
     if knobs["max_model_len"] is None:
-        context = loaded.config.max_position_embeddings
+        context = model.config.max_position_embeddings
         knobs["max_model_len"] = default_max_model_len(context)
     say("loading the weights and sizing the KV pool")
-    return LLM(model=loaded, **knobs)
+    return LLM(model=model, **knobs)
 
 
 def check_engine_flags(args: argparse.Namespace) -> None:
