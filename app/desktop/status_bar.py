@@ -23,6 +23,9 @@ QWIDGETSIZE_MAX = (1 << 24) - 1  # Qt's "no maximum"
 KERNEL_SHARE = 0.5  # of the bar's width, at most, for the CPU kernels' line
 
 
+PROGRESS_STEPS = 1000  # the bar's range when a stage says how far it is
+
+
 class EngineStatusBar(QStatusBar):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -54,6 +57,7 @@ class EngineStatusBar(QStatusBar):
         # No minimum of its own (not even ElidedLabel's 12 characters): it never widens the bar.
         self.kernel_label.setMinimumWidth(1)
         self._kernel_line = ""
+        self._busy_text = ""
         self._engine_loaded = False
         self._replies = 0
         self._sequences = (0, 0)  # the engine's running, waiting (chats and simulated users)
@@ -84,10 +88,19 @@ class EngineStatusBar(QStatusBar):
         self.warning_label.setToolTip(warning)
 
     def show_busy(self, text: str) -> None:
-        """What the worker is doing ("" when it is done); while busy, the state line says it."""
+        """What the worker is doing ("" when it is done); while busy, the state line says it.
+        The bar is indeterminate until a stage reports how far it is (show_progress)."""
+        if text and text != self._busy_text:  # a new stage: how far it is, unknown yet
+            self.busy_bar.setRange(0, 0)
+        self._busy_text = text
         self.busy_bar.setVisible(bool(text))
         if text:
             self._set_state(text)
+
+    def show_progress(self, share: float) -> None:
+        """How far the stage on show is, 0 to 1: the bar fills (loading the weights)."""
+        self.busy_bar.setRange(0, PROGRESS_STEPS)
+        self.busy_bar.setValue(round(min(max(share, 0.0), 1.0) * PROGRESS_STEPS))
 
     def _set_state(self, text: str) -> None:
         """The state line; the kernels' line refitted before the bar lays out the new width."""

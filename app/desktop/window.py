@@ -201,6 +201,7 @@ class MainWindow(QMainWindow):
         self.client.engine_ready.connect(self._on_engine_ready)
         self.client.engine_failed.connect(self._on_engine_failed)
         self.client.busy.connect(self._on_busy)
+        self.client.build_progress.connect(self.status.show_progress)
         self.client.kernel_status.connect(self.status.show_kernels)
         self.client.telemetry.connect(self._on_telemetry)
         self.client.error.connect(self._on_engine_error)

@@ -12,11 +12,12 @@ import gc
 import logging
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvscope.app.core.engine_messages import EngineInfo
 from kvscope.app.core.settings import EngineSettings
+from kvscope.app.desktop.engine_thread.weights_progress import CountedWeights
 from kvscope.engine.memory.host_memory import give_back_freed
 
 if TYPE_CHECKING:  # the engine (torch) loads on the worker's thread, at the first build
@@ -45,11 +46,16 @@ class EngineBuilder:
         return self._loaded
 
     def build(
-        self, settings: EngineSettings, kernel_for: Callable[[str], str], say: Callable[[str], None]
+        self,
+        settings: EngineSettings,
+        kernel_for: Callable[[str], str],
+        say: Callable[[str], None],
+        progress: Callable[[float], None] = lambda _share: None,
     ) -> BuildResult:
         """An engine for `settings`: the model loaded (unless it is the one loaded), the old
         engine dropped, then the new one built on `kernel_for(device)`'s CPU kernels. `say`
-        hears what is happening, for the status line."""
+        hears what is happening, for the status line; `progress` the share of the weights read
+        so far (0 to 1)."""
         from kvscope.engine import LLM
         from kvscope.engine.cpu_kernels import prepare_cpu_kernels
         from kvscope.engine.model.loader import load_model
@@ -73,7 +79,9 @@ class EngineBuilder:
             kernel = kernel_for(settings.device)
             if kernel == "auto":
                 prepare_cpu_kernels(settings.device, say)
-            llm = LLM(model=loaded, **{**kwargs, "cpu_quant_kernel": kernel})
+            say("Loading the weights…")
+            counted = replace(loaded, weights=CountedWeights(loaded.weights, progress))
+            llm = LLM(model=counted, **{**kwargs, "cpu_quant_kernel": kernel})
         except Exception as e:
             failure = describe_error(e)
         if failure is not None:

@@ -71,6 +71,7 @@ class EngineClient(QObject):
         self.schema_checked = w.schema_checked  # the answer to check_schema
         self.recording = w.recording
         self.kernel_status = w.kernel_status  # the CPU kernels' background compile
+        self.build_progress = w.build_progress  # share of the weights a build has read
         self.server_state = w.server_state
         self.speed = w.speed
         self.trace_ready = w.trace_ready  # the answer to take_trace

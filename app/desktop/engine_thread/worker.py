@@ -72,6 +72,7 @@ class EngineWorker(QObject):
     engine_ready = Signal(object)  # EngineInfo
     engine_failed = Signal(str)  # load / rebuild error; the previous engine (if any) stays
     busy = Signal(str)  # what the worker is doing ("" when idle between steps)
+    build_progress = Signal(float)  # share of the weights a build has read, 0 to 1
     telemetry = Signal(object)  # Telemetry
     kernel_status = Signal(str)  # the CPU kernels' background compile, "" when nothing to say
     request_output = Signal(object)  # ReplyUpdate
@@ -164,7 +165,9 @@ class EngineWorker(QObject):
     def _build(self, settings: EngineSettings) -> None:
         self.idle.clear()
         try:
-            result = self.builder.build(settings, self._kernels.kernel_for, self.busy.emit)
+            result = self.builder.build(
+                settings, self._kernels.kernel_for, self.busy.emit, self.build_progress.emit
+            )
             self.busy.emit("")
             if result.failure is not None:
                 self.engine_failed.emit(result.failure)

@@ -1,0 +1,36 @@
+"""The loading bar fills as a build reads the weights, rather than spinning with no end."""
+
+from __future__ import annotations
+
+import torch
+
+from kvscope.app.desktop.engine_thread.weights_progress import CountedWeights
+from kvscope.app.desktop.status_bar import PROGRESS_STEPS
+from kvscope.engine.model.weight_source import TensorDictSource
+
+
+def test_the_share_follows_the_elements_read_not_the_tensor_count():
+    source = TensorDictSource({"big": torch.zeros(90, 10), "norm": torch.zeros(100)})
+    shares: list[float] = []
+    counted = CountedWeights(source, shares.append)
+    counted.read("norm", "auto", torch.float32)
+    assert shares == [0.1]  # 100 of 1,000 elements, though it is one tensor of two
+    counted.read("big", "auto", torch.float32)
+    assert shares == [0.1, 1.0]
+    assert counted.shapes() == source.shapes()
+
+
+def test_a_rebuild_fills_the_status_bar(make_window, qtbot):
+    window = make_window()
+    shares: list[float] = []
+    window.client.build_progress.connect(shares.append)
+    built = []
+    window.client.engine_ready.connect(built.append)
+    settings = window.settings.with_engine(block_size=32)
+    window.apply_settings(settings)
+    qtbot.waitUntil(lambda: bool(built), timeout=120_000)
+    qtbot.waitUntil(lambda: window.status.busy_bar.maximum() == PROGRESS_STEPS, timeout=5_000)
+    # Shares of every weight read, up to the whole (the order they reach this thread in is
+    # Qt's: the bar's own slot gets them in order, and ends full).
+    assert len(set(shares)) >= 10 and max(shares) == 1.0, shares
+    assert window.status.busy_bar.value() == PROGRESS_STEPS
