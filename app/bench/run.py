@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -140,6 +141,11 @@ def run_bench(args: argparse.Namespace) -> int:
         skip_allocators=args.skip_allocators,
         skip_structured=args.skip_structured,
     )
+    try:  # a bad workload file is the user's to fix: its reason, not a traceback
+        load_chat_workload(settings.workload, settings.num_requests, settings.max_tokens_cap)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     report = benchmark(settings)
     print(summarize(report))
     print(f"  wrote {settings.out / 'bench.json'} and {settings.out / 'bench.png'}")

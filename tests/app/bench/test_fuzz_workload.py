@@ -38,3 +38,15 @@ def test_a_path_that_is_no_workload_is_refused_before_it_is_read(tmp_path, name)
         "empty": "is not a JSON workload",
     }[name]
     assert expected in str(error), error
+
+
+def test_kvscope_bench_refuses_a_bad_workload_with_its_reason(tmp_path, capsys):
+    from kvscope.app.bench.run import run_bench
+    from kvscope.app.cli.main import build_parser
+
+    bad = tmp_path / "workload.json"
+    bad.write_text('{"chat": 5}')
+    args = build_parser().parse_args(["bench", "--workload", str(bad), "--out", str(tmp_path)])
+    assert run_bench(args) == 2  # before any model loads
+    err = capsys.readouterr().err
+    assert "no non-empty 'chat' list" in err and "Traceback" not in err
