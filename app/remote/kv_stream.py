@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from kvscope.app.remote.kv_frames import decoding
 from kvscope.app.remote.kv_replay import ReplayClient, ReplayFailed
-from kvscope.app.remote.kv_wire import AllBlocksCleared, EventBatch, MalformedFrame, decode_batch
+from kvscope.app.remote.kv_wire import AllBlocksCleared, EventBatch, MalformedFrame
 
 log = logging.getLogger(
     "kvscope.app.remote.kv_subscriber"
@@ -25,6 +26,7 @@ log = logging.getLogger(
 MAX_SEQ = 1 << 40
 RESTART_SEQ = -1  # the seq of the synthetic clearing batch delivered on a restart
 STATUS_EVERY_S = 0.25  # seq-only status changes are reported at most this often
+WARN_EVERY_S = 10.0  # malformed frames are logged at most this often (a peer may send only those)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class SubscriberStatus:
     resets: int = 0  # AllBlocksCleared after the stream's first batch (a cache reset, or a
     # restarted server announcing itself; our own server sends one as its seq 0)
     replay: bool = False  # a replay endpoint is configured
+    malformed_error: str = ""  # why the latest malformed frame was not applied
 
 
 class KVStream:
@@ -56,10 +59,16 @@ class KVStream:
         on_batch: Callable[[int, EventBatch], None] | None,
         on_status: Callable[[SubscriberStatus], None] | None,
         replay: bool,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self.endpoint = endpoint
         self.on_batch = on_batch or (lambda seq, batch: None)
         self.on_status = on_status or (lambda status: None)
+        self.stopping = stopping  # checked between the slices of a big frame's decoding
+        # The replica's pool in blocks (vLLM's num_gpu_blocks), once its metrics say: a batch
+        # that stores more is malformed. Set from another thread; read once per frame.
+        self.pool_blocks: int | None = None
+        self._warned_at = -WARN_EVERY_S
         self._lock = threading.Lock()
         self._status = SubscriberStatus(
             "connecting", None, 0, 0, 0, 0, "", time.time(), replay=replay
@@ -113,6 +122,8 @@ class KVStream:
         changes = {name: getattr(status, name) + by}
         if error is not None:
             changes["error"] = error
+            if name == "malformed":
+                changes["malformed_error"] = error
         self.update(**changes)
 
     # ---- the connection ----------------------------------------------------------------
@@ -291,12 +302,25 @@ class KVStream:
         self._last_payload = payload
         if self.status().first_seq is None:
             self.update(first_seq=seq)
+        steps = decoding(payload, self.pool_blocks)
         try:
-            batch = decode_batch(payload)
+            while True:
+                next(steps)
+                if self.stopping():
+                    return  # the stream ends: the rest of this frame is not wanted
+        except StopIteration as done:
+            batch = done.value
         except MalformedFrame as e:
-            self.bump("malformed", error=f"seq {seq}: {e}")
+            self._malformed(f"seq {seq}: {e}")
             return
         self._emit(seq, batch)
+
+    def _malformed(self, error: str) -> None:
+        self.bump("malformed", error=error)
+        now = time.monotonic()
+        if now - self._warned_at >= WARN_EVERY_S:
+            self._warned_at = now
+            log.warning("KV events %s: a malformed frame, not applied: %s", self.endpoint, error)
 
     def _emit(self, seq: int, batch: EventBatch) -> None:
         try:

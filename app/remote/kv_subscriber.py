@@ -26,8 +26,10 @@ What the thread does, and why:
   sends one when its prefix cache is reset; a cache that clears itself is not proof of a
   restart, and our own server opens every stream with one).
 - A frame that does not decode is counted in `malformed`, its seq is consumed, and the thread
-  carries on. A seq past MAX_SEQ (2^40: 35 years of 1,000 steps a second) is malformed too,
-  so that one absurd frame cannot make every later batch look old.
+  carries on; so is one that stores more blocks than the replica's pool (`set_pool`). A big
+  frame is decoded a slice at a time (kv_frames.py), so the GUI thread gets the GIL meanwhile.
+  A seq past MAX_SEQ (2^40: 35 years of 1,000 steps a second) is malformed too, so that one
+  absurd frame cannot make every later batch look old.
 - Reconnecting is ZMQ's own, with exponential backoff from `backoff[0]` to `backoff[1]`
   seconds (RECONNECT_IVL / RECONNECT_IVL_MAX) and heartbeats so a vanished host is noticed; a
   socket monitor tells connected from not. States: "connecting" (not connected: first try or
@@ -75,14 +77,16 @@ class KVEventSubscriber:
         if not 0 < lo <= hi:
             raise ValueError(f"backoff must be (first, cap) with 0 < first <= cap, got {backoff!r}")
         self.endpoint = endpoint
-        self.stream = KVStream(endpoint, on_batch, on_status, replay=bool(replay_endpoint))
+        self._stop = threading.Event()
+        self.stream = KVStream(
+            endpoint, on_batch, on_status, replay=bool(replay_endpoint), stopping=self._stop.is_set
+        )
         self.replay_endpoint = replay_endpoint
         self.topic = topic.encode("utf-8")
         self.backoff = (lo, hi)
         self.silent_after_s = silent_after_s
         self.replay_timeout_s = replay_timeout_s
         self.heartbeat_s = heartbeat_s
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context | None = None
 
@@ -105,6 +109,12 @@ class KVEventSubscriber:
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def set_pool(self, num_gpu_blocks: int | None) -> None:
+        """The replica's pool, in blocks, as its metrics report it (None: not known): a batch
+        that stores more blocks than that is malformed, and not applied."""
+        valid = num_gpu_blocks is not None and num_gpu_blocks > 0
+        self.stream.pool_blocks = num_gpu_blocks if valid else None
 
     # ---- the thread --------------------------------------------------------------------
     def _run(self) -> None:

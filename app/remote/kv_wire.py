@@ -14,10 +14,17 @@ both layouts, unknown trailing fields (a newer vLLM appends them) and unknown ma
 read without a schema change, and fields an older vLLM lacks take their defaults. Anything
 that does not fit raises MalformedFrame with a short reason; the subscriber counts it and
 carries on. tests/app/serve/test_vllm_kv_events.py feeds it batches from vLLM 0.33's own
-publisher."""
+publisher.
+
+A batch's `ts` must be a finite number, and, when the replica's pool size is known, a batch may
+not store more blocks than the pool holds: either is a MalformedFrame. `decode_batch` decodes a
+payload in one msgspec call, which holds the GIL throughout; the subscriber decodes a big one a
+slice at a time (app/remote/kv_frames.py), with the checks here."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,13 +36,17 @@ class MalformedFrame(ValueError):
 
 
 BlockHash = int | bytes
+# Lists as decoded; a tuple, and ids in an array, where a big frame was decoded in pieces
+# (kv_frames.py says why).
+Hashes = Sequence[BlockHash]
+Ids = Sequence[int]
 
 
 @dataclass(frozen=True)
 class BlockStored:
-    block_hashes: list[BlockHash]
+    block_hashes: Hashes
     parent_block_hash: BlockHash | None
-    token_ids: list[int]
+    token_ids: Ids
     block_size: int
     group_idx: int = 0
     medium: str | None = None
@@ -45,7 +56,7 @@ class BlockStored:
 
 @dataclass(frozen=True)
 class BlockRemoved:
-    block_hashes: list[BlockHash]
+    block_hashes: Hashes
     group_idx: int = 0
     medium: str | None = None
 
@@ -85,13 +96,21 @@ _REQUIRED = {
     "AllBlocksCleared": (),
 }
 _FIELDS = {"BlockStored": _STORED_FIELDS, "BlockRemoved": _REMOVED_FIELDS, "AllBlocksCleared": ()}
+# The fields besides block_hashes and token_ids: small, whatever the event's size.
+SCALAR_FIELDS = frozenset(
+    ("parent_block_hash", "block_size", "lora_id", "medium", "lora_name", "group_idx")
+)
 
 _decoder = msgspec.msgpack.Decoder()
 MAX_BLOCK_SIZE = 1 << 16  # vLLM's blocks hold 1..a few thousand tokens (mamba's the most)
+PRIMARY_MEDIA = (None, "GPU")  # the tier of the pool a replica reports; "CPU" is vLLM's offload
 
 
-def decode_batch(payload: bytes) -> EventBatch:
-    """One PUB payload (or replayed payload) -> EventBatch; raises MalformedFrame."""
+def decode_batch(payload: bytes, max_stored: int | None = None) -> EventBatch:
+    """One PUB payload (or replayed payload) -> EventBatch, in one msgspec call; raises
+    MalformedFrame. `max_stored`: the most blocks a batch may store in the primary pool (the
+    replica's num_gpu_blocks), None when not known. The subscriber decodes a big payload a
+    slice at a time instead (kv_frames.decoding)."""
     try:
         raw = _decoder.decode(payload)
     except msgspec.DecodeError as e:
@@ -100,20 +119,70 @@ def decode_batch(payload: bytes) -> EventBatch:
         raw = [raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")]
     if not isinstance(raw, list) or len(raw) < 2:
         raise MalformedFrame(f"a batch is [ts, events, ...], got {type(raw).__name__}")
-    ts, events = raw[0], raw[1]
-    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
-        raise MalformedFrame(f"batch ts must be a number, got {ts!r:.40}")
+    events = raw[1]
     if not isinstance(events, list):
         raise MalformedFrame(f"batch events must be a list, got {type(events).__name__}")
-    dp_rank = raw[2] if len(raw) > 2 else None
+    ts, dp_rank = batch_ts(raw[0]), batch_dp_rank(raw[2] if len(raw) > 2 else None)
+    stored = StoredBlocks(max_stored)
+    decoded = []
+    for index, event in enumerate(events):
+        decoded.append(read_event(event, index))
+        stored.add(decoded[-1], index)
+    return EventBatch(ts=ts, events=decoded, dp_rank=dp_rank)
+
+
+def batch_ts(ts: Any) -> float:
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+        raise MalformedFrame(f"batch ts must be a number, got {ts!r:.40}")
+    if not math.isfinite(ts):
+        raise MalformedFrame(f"batch ts must be a finite number, got {ts!r}")
+    return float(ts)
+
+
+def batch_dp_rank(dp_rank: Any) -> int | None:
     if dp_rank is not None and not _is_int(dp_rank):
         raise MalformedFrame(f"data_parallel_rank must be an int or nil, got {dp_rank!r:.40}")
-    return EventBatch(
-        ts=float(ts), events=[_event(e, i) for i, e in enumerate(events)], dp_rank=dp_rank
-    )
+    return dp_rank
 
 
-def _event(raw: Any, index: int) -> Event:
+class StoredBlocks:
+    """The blocks a batch stores in the primary pool, against the pool's size when known: a
+    step of vLLM's cannot store more blocks than its pool has."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.total = 0
+
+    def add(self, event: Event, index: int) -> None:
+        if isinstance(event, BlockStored):
+            self.count(len(event.block_hashes), event.medium, index)
+
+    def count(self, blocks: int, medium: str | None, index: int) -> None:
+        if medium not in PRIMARY_MEDIA:
+            return
+        self.total += blocks
+        if self.limit is not None and self.total > self.limit:
+            raise MalformedFrame(
+                f"the batch stores more blocks than the replica's pool holds: {self.total:,} "
+                f"by event {index}, the pool {self.limit:,} (num_gpu_blocks)"
+            )
+
+
+def read_event(raw: Any, index: int) -> Event:
+    """One event, decoded generically (a list or a map), checked and typed."""
+    tag, values = tagged(raw, index)
+    if tag == "AllBlocksCleared":
+        return AllBlocksCleared()
+    hashes = checked_hashes(values["block_hashes"], index, tag)
+    fields = event_fields(values, index, tag)
+    if tag == "BlockRemoved":
+        return BlockRemoved(block_hashes=hashes, group_idx=fields.group, medium=fields.medium)
+    return fields.stored(hashes, checked_tokens(values["token_ids"], index, tag), fields.parent)
+
+
+def tagged(raw: Any, index: int) -> tuple[str, dict[str, Any]]:
+    """An event's tag and its fields by name (whatever form their values are in), checked for
+    the ones its tag needs."""
     if isinstance(raw, list):
         if not raw or not isinstance(raw[0], str):
             raise MalformedFrame(f"event {index}: an array event starts with its tag")
@@ -133,9 +202,35 @@ def _event(raw: Any, index: int) -> Event:
     missing = [name for name in _REQUIRED[tag] if name not in values]
     if missing:
         raise MalformedFrame(f"event {index} ({tag}): missing {', '.join(missing)}")
-    if tag == "AllBlocksCleared":
-        return AllBlocksCleared()
-    hashes = _hashes(values["block_hashes"], index, tag)
+    return tag, values
+
+
+@dataclass(frozen=True)
+class EventFields:
+    """An event's fields but its block hashes and token ids, checked."""
+
+    group: int
+    medium: str | None
+    parent: BlockHash | None = None
+    block_size: int = 1
+    lora_name: str | None = None
+    lora_id: int | None = None
+
+    def stored(self, hashes: Hashes, tokens: Ids, parent: BlockHash | None) -> BlockStored:
+        return BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=parent,
+            token_ids=tokens,
+            block_size=self.block_size,
+            group_idx=self.group,
+            medium=self.medium,
+            lora_name=self.lora_name,
+            lora_id=self.lora_id,
+        )
+
+
+def event_fields(values: dict[str, Any], index: int, tag: str) -> EventFields:
+    """The SCALAR_FIELDS of a BlockStored or BlockRemoved, decoded, checked."""
     group = values.get("group_idx")
     group = 0 if group is None else group
     if not _is_int(group) or group < 0:
@@ -144,15 +239,12 @@ def _event(raw: Any, index: int) -> Event:
         )
     medium = _opt_str(values.get("medium"), "medium", index, tag)
     if tag == "BlockRemoved":
-        return BlockRemoved(block_hashes=hashes, group_idx=group, medium=medium)
+        return EventFields(group, medium)
     parent = values.get("parent_block_hash")
     if parent is not None and not _is_hash(parent):
         raise MalformedFrame(
             f"event {index} ({tag}): parent_block_hash {parent!r:.40} is not a hash"
         )
-    tokens = values["token_ids"]
-    if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
-        raise MalformedFrame(f"event {index} ({tag}): token_ids must be a list of ints")
     block_size = values["block_size"]
     if not _is_int(block_size) or not 0 < block_size <= MAX_BLOCK_SIZE:
         raise MalformedFrame(
@@ -160,20 +252,24 @@ def _event(raw: Any, index: int) -> Event:
             f"got {block_size!r:.40}"
         )
     lora_id = values.get("lora_id")
-    return BlockStored(
-        block_hashes=hashes,
-        parent_block_hash=parent,
-        token_ids=tokens,
-        block_size=block_size,
-        group_idx=group,
-        medium=medium,
-        lora_name=_opt_str(values.get("lora_name"), "lora_name", index, tag),
-        lora_id=lora_id if _is_int(lora_id) else None,
+    return EventFields(
+        group,
+        medium,
+        parent,
+        block_size,
+        _opt_str(values.get("lora_name"), "lora_name", index, tag),
+        lora_id if _is_int(lora_id) else None,
     )
 
 
-def _hashes(raw: Any, index: int, tag: str) -> list[BlockHash]:
-    if not isinstance(raw, list) or not all(_is_hash(h) for h in raw):
+def checked_tokens(raw: Any, index: int, tag: str) -> Ids:
+    if not isinstance(raw, (list, tuple)) or not all(_is_int(t) for t in raw):
+        raise MalformedFrame(f"event {index} ({tag}): token_ids must be a list of ints")
+    return raw
+
+
+def checked_hashes(raw: Any, index: int, tag: str) -> Hashes:
+    if not isinstance(raw, (list, tuple)) or not all(_is_hash(h) for h in raw):
         raise MalformedFrame(f"event {index} ({tag}): block_hashes must be a list of ints or bytes")
     return raw
 

@@ -26,6 +26,7 @@ from kvscope.app.remote.cached_block import (
 )
 from kvscope.app.remote.cow_map import CowMap
 from kvscope.app.remote.kv_wire import (
+    PRIMARY_MEDIA,
     AllBlocksCleared,
     BlockHash,
     BlockRemoved,
@@ -34,7 +35,6 @@ from kvscope.app.remote.kv_wire import (
 )
 from kvscope.app.remote.leaf_order import LeafOrder
 
-PRIMARY_MEDIA = (None, "GPU")
 HISTORY_MAX = 4000  # points of (time, blocks held); older ones are dropped in chunks
 HISTORY_STEP_S = 0.25  # batches closer than this share a point (vLLM publishes every step)
 

@@ -134,7 +134,10 @@ def status_line(snapshot, now: float) -> StatusLine:
         if status.restarts:
             details.append(_plural(status.restarts, "restart") + " (cache cleared)")
         if status.malformed:
-            details.append(_plural(status.malformed, "malformed frame"))
+            why = status.malformed_error
+            details.append(
+                _plural(status.malformed, "malformed frame") + (f" ({why})" if why else "")
+            )
         if status.missed or status.recovered:
             details.append(
                 f"replayed {count_text(status.recovered)} · lost {count_text(status.missed)} seqs"

@@ -18,6 +18,7 @@ import pytest
 from remote_fakes import FakeKVServer, free_endpoint, wait_until
 
 from kvscope.app.desktop.remote_view.status_line import count_text, status_line
+from kvscope.app.remote import monitor as monitor_module
 from kvscope.app.remote.connection import parse_connection
 from kvscope.app.remote.kv_subscriber import SubscriberStatus
 from kvscope.app.remote.kv_wire import BlockRemoved, BlockStored, EventBatch
@@ -53,7 +54,8 @@ def offline_monitor(**options) -> ReplicaMonitor:
     )
 
 
-def test_a_big_batch_is_applied_in_slices_a_snapshot_never_waits_for(big_batch):
+def test_a_big_batch_is_applied_in_slices_a_snapshot_never_waits_for(big_batch, monkeypatch):
+    monkeypatch.setattr(monitor_module, "BUSY_COPY_S", 0.0)  # a fresh copy every snapshot
     cap = 12_000
     monitor = offline_monitor(max_blocks=cap)
     writer = threading.Thread(target=monitor._on_batch, args=(0, big_batch))
