@@ -224,7 +224,8 @@ def test_the_lens_caption_says_less_rather_than_run_off_a_narrow_map(big_view, q
 
     snap = make_snapshot(200_000, [Seq(1, "conv-1/r0", tuple(range(100)), 100 * BS)])
     big_view.set_snapshot(snap)
-    assert "busiest region" in big_view.lens_caption.text and "overview" in big_view.lens_caption.text
+    caption = big_view.lens_caption.text
+    assert "busiest region" in caption and "overview" in caption
     big_view.resize(250, VIEW[1])  # a map half at 1024 px with the chat column wide
     qtbot.waitUntil(lambda: big_view.width() == 250)
     label = big_view.lens_caption.item  # the QGraphicsTextItem pyqtgraph draws
