@@ -226,11 +226,12 @@ class CpuQuantLinear:
         return y
 
 
-# From this many rows on (a prefill chunk), where torch's bfloat16 GEMM runs on AMX, the matrix
-# is dequantized to bfloat16 (kernels/cpu_gemv.dequantize_bf16) for one GEMM instead of the int8
-# kernel (the crossover measured per matrix: PERFORMANCE.md, "AMX prefill"). Where no AMX is
-# (an AVX2 EPYC), torch's bfloat16 GEMM has no fast path and the int8 kernel keeps every row.
-BF16_GEMM_MIN_ROWS = 256
+# From this many rows on (a prefill chunk, or one beside decodes), where torch's bfloat16 GEMM
+# runs on AMX, the matrix is dequantized to bfloat16 (kernels/cpu_gemv.dequantize_bf16) for one
+# GEMM instead of the int8 kernel (the crossover measured per step: PERFORMANCE.md, "AMX
+# prefill"). Where no AMX is (an AVX2 EPYC), torch's bfloat16 GEMM has no fast path and the int8
+# kernel keeps every row.
+BF16_GEMM_MIN_ROWS = 128
 CPUINFO = Path("/proc/cpuinfo")
 
 
