@@ -37,6 +37,7 @@ BLOCK_SIZES = (8, 16, 32, 64, 128)
 # "contiguous" is the naive baseline: max-length reservations, no sharing (engine/kv/contiguous).
 ALLOCATORS = ("paged", "contiguous")
 DEFAULT_CPU_KV_MEMORY = 1 << 30  # 1 GiB
+CPU_PREFILL_BESIDE_DECODES = 256  # see EngineConfig.prefill_tokens_beside_decodes
 # "auto": keep a GGUF's own quantization; "none": dequantize everything to `dtype` (the exact
 # path); "int8"/"int4": quantize float matrices to nearest at load (engine.model.weight_source).
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
@@ -220,6 +221,22 @@ class EngineConfig:
             return self.max_num_batched_tokens
         default = 512 if self.torch_device.type == "cpu" else 4096
         return max(default, self.max_num_seqs)
+
+    @property
+    def prefill_tokens_beside_decodes(self) -> int | None:
+        """Prompt tokens a step takes at most while decodes run in it (None: the whole budget).
+
+        Every decode in a step waits for its prompt chunk, and on a CPU a chunk costs about
+        linearly in its tokens, so the cap bounds the decodes' inter-token time. 256 on a CPU: a
+        chunk that long still amortizes the AMX GEMM's dequantizing (engine/quant/cpu_layout.py),
+        so a long prompt beside decodes prefills 13-16% slower while their steps take ~300 ms
+        instead of ~420 (`kvscope bench --mixed`; PERFORMANCE.md, "Mixed steps"). It holds for
+        an explicit max_num_batched_tokens too: a what-if replay passes the recorded budget
+        explicitly and must schedule as the recorded CPU engine did (a budget of 256 or less
+        leaves it idle)."""
+        if self.torch_device.type != "cpu":
+            return None
+        return min(CPU_PREFILL_BESIDE_DECODES, self.batched_tokens_limit)
 
 
 def user_knobs() -> tuple[Field[Any], ...]:

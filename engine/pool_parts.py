@@ -63,5 +63,7 @@ def build_pool(
             events=events,
             layout=layout,
         )
-    scheduler = Scheduler(allocator, events, config.max_num_seqs, chunk)
+    scheduler = Scheduler(
+        allocator, events, config.max_num_seqs, chunk, config.prefill_tokens_beside_decodes
+    )
     return PoolParts(max_seq_len, observers, allocator, scheduler)

@@ -2,7 +2,9 @@
 
 Every step, running sequences go first (decodes cost one token each, so they are never starved by a
 long prompt), then waiting ones are admitted while blocks, `max_num_seqs` and the token budget
-allow. Prompts longer than the remaining budget are prefilled in chunks over several steps. A
+allow. Prompts longer than the remaining budget are prefilled in chunks over several steps; while
+decodes run, a step's prompt tokens are capped lower (`prefill_beside_decodes`), since every
+decode in the step waits for the chunk. A
 running sequence's sliding-window groups give back the blocks that fell out of the window before
 it grows (`release_outside_window`). When
 the pool runs dry the newest running sequence is preempted by recompute: its blocks are freed and
@@ -48,11 +50,15 @@ class Scheduler:
         events: EventLog,
         max_num_seqs: int,
         max_batched_tokens: int,
+        prefill_beside_decodes: int | None = None,
     ) -> None:
+        """`prefill_beside_decodes`: prompt tokens a step takes at most when it also runs decodes
+        (None: the whole budget); EngineConfig.prefill_tokens_beside_decodes says why."""
         self.allocator = allocator
         self.events = events
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
+        self.prefill_beside_decodes = prefill_beside_decodes
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.peak_num_running = 0
@@ -86,6 +92,10 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new > 1:  # a prompt chunk: decodes (sorted first) are in the batch already
+                num_new = min(num_new, self._prefill_room(batch, budget))
+                if num_new == 0:
+                    break
             target = seq.num_computed_tokens + num_new
             # Sliding groups first give back what fell out of the window of this step's first
             # token, so growth can reuse it.
@@ -116,14 +126,23 @@ class Scheduler:
             seq = self.waiting[0]
             match = bm.match_prefix(seq.token_ids)
             num_cached = len(match.block_ids) * bm.block_size
-            num_new = min(seq.num_tokens - num_cached, budget)
-            if not bm.can_adopt(match, num_cached + num_new):
+            num_new = min(seq.num_tokens - num_cached, self._prefill_room(batch, budget))
+            if num_new == 0 or not bm.can_adopt(match, num_cached + num_new):
                 break
             self.waiting.popleft()
             self._admit(seq, match, num_cached + num_new)
             batch.items.append((seq, num_new))
             budget -= num_new
         return self._with_tables(batch)
+
+    def _prefill_room(self, batch: ScheduledBatch, budget: int) -> int:
+        """Prompt tokens this step may still take: the budget, or with decodes in the batch
+        what `prefill_beside_decodes` leaves after the chunks scheduled so far."""
+        cap = self.prefill_beside_decodes
+        if cap is None or not any(n == 1 for _, n in batch.items):
+            return budget
+        taken = sum(n for _, n in batch.items if n > 1)
+        return max(0, min(budget, cap - taken))
 
     def admit(self, seq: Sequence) -> bool:
         """Admit a sequence built outside the queue (a beam search's prompt) now, with room for

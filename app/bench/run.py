@@ -103,6 +103,12 @@ def run_bench(args: argparse.Namespace) -> int:
         print(summarize_whatif(report))
         print(f"  wrote {Path(args.out) / 'bench_whatif.json'} and bench_whatif.png")
         return 0
+    if getattr(args, "mixed", False):
+        from kvscope.app.bench.mixed_step_bench import run_mixed_bench, summarize_mixed
+
+        print(summarize_mixed(run_mixed_bench(Path(args.out))))
+        print(f"  wrote {Path(args.out) / 'bench_mixed.json'}")
+        return 0
     if getattr(args, "download", False):
         from kvscope.app.bench.download_bench import run_download_bench, summarize_download
 

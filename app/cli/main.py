@@ -359,6 +359,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: `kvscope pull` of a 200 MB file from a loopback hub against a plain "
         "HTTP read of it, hashing included (bench_download.json)",
     )
+    bench.add_argument(
+        "--mixed",
+        action="store_true",
+        help="instead: a prompt chunk beside running decodes against one alone, and the "
+        "decodes' inter-token time beside a long prefill (bench_mixed.json)",
+    )
     # The engine knobs for --serve, but for flags bench already has (their value serves both).
     _engine_args(bench.add_argument_group("engine of --serve"), skip=bench._option_string_actions)
     _plan_args(sub.add_parser("plan", help="KV-cache memory arithmetic, no weights loaded"))

@@ -100,3 +100,26 @@ def test_every_request_finishes_and_all_blocks_return(
     assert not sched.has_unfinished(), "scheduler stalled"
     assert len(finished) == len(seqs)
     assert bm.num_free_blocks == num_blocks
+
+
+def test_prompt_tokens_beside_decodes_are_capped_and_alone_take_the_budget():
+    bm = PagedAllocator(64, 16)
+    sched = Scheduler(
+        bm, bm.events, max_num_seqs=8, max_batched_tokens=64, prefill_beside_decodes=8
+    )
+    first = _seq(40, max_tokens=1)
+    sched.add(first)
+    assert _run_step(sched, []) == [(first, 40)]  # no decodes: the whole budget
+    chat = _seq(4, max_tokens=50)
+    sched.add(chat)
+    _run_step(sched, [])
+    a, b = _seq(13), _seq(30)
+    sched.add(a)
+    sched.add(b)
+    items = _run_step(sched, [])
+    assert items == [(chat, 1), (a, 8)]  # b waits: a's chunk took the cap
+    items = _run_step(sched, [])
+    assert items == [(chat, 1), (a, 5), (b, 3)]
+    for _ in range(20):
+        items = _run_step(sched, [])
+        assert sum(n for _, n in items if n > 1) <= 8
