@@ -1,7 +1,9 @@
 """`kvscope bench --soak MINUTES`: `kvscope serve` in a process of its own on 127.0.0.1, driven
 for MINUTES by well-behaved clients (polite_clients) beside hostile ones (hostile_clients:
 dropped streams, impatient clients, half-open and slowloris sockets, oversized and absurd
-requests), while the project's remote monitor follows a hostile vLLM-like peer (hostile_peer).
+requests), while the project's remote monitor follows a hostile vLLM-like peer (hostile_peer)
+and, in a child process, the desktop app's remote view follows it too, its GUI thread timed
+(gui_probe).
 
 Every few seconds it records the server's RSS and open descriptors, this process's RSS (the
 clients and the remote monitor), requests sent / ok / lost and refused as expected, and the
@@ -32,6 +34,7 @@ from kvscope.app.bench.serving.bench import (
     _stop_server,
     _wait_until_up,
 )
+from kvscope.app.bench.soak.gui_probe import GuiProbe
 from kvscope.app.bench.soak.hostile_clients import HostileResult, SlowSockets, hostile_actions
 from kvscope.app.bench.soak.hostile_peer import HostilePeer
 from kvscope.app.bench.soak.hostile_whatif import run_hostile_whatif
@@ -189,6 +192,10 @@ class Soak:
         warm = polite_request("127.0.0.1", self.port, model, 0, s.max_tokens)  # caches the prompt
         peer = HostilePeer().start() if s.with_peer else None
         watch = PeerWatch(peer).start() if peer is not None else None
+        gui = None
+        if peer is not None:  # the view's figures end with the load: it runs as long
+            probe_files = s.beside_report("_gui_probe.json"), s.beside_report("_gui_probe.log")
+            gui = GuiProbe(peer, s.seconds, *probe_files).start()
         slow = SlowSockets("127.0.0.1", self.port, s.half_open, s.slowloris).start()
         threads = [
             threading.Thread(target=self._polite_loop, args=(model, i), daemon=True)
@@ -217,6 +224,7 @@ class Soak:
             "median_lifetime_s": pct(slow.lifetimes, 50),
         }
         slow.stop()
+        gui_figures = gui.finish() if gui is not None else None  # before the peer stops
         peer_figures = None
         if watch is not None and peer is not None:
             peer_figures = {
@@ -276,6 +284,7 @@ class Soak:
             "hostile_by_action": by_action(hostile),
             "slow_sockets": slow_figures,
             "peer": peer_figures,
+            "gui": gui_figures,
             "end": end,
             "samples": self.samples,
             "machine": machine_info(),

@@ -14,6 +14,9 @@ from kvscope.app.bench.soak.polite_clients import PoliteResult
 # A hostile what-if trace must be refused within this (the slowest, a 1M-token prompt a token a
 # step, stops at its 1 s time budget).
 WHATIF_REFUSAL_S = 10.0
+# The remote view's GUI thread (gui_probe) may stand still this long at most: a hang detector,
+# generous for 2 loaded cores, not a frame budget (the probe's figures are reported either way).
+GUI_GAP_BOUND_MS = 2000.0
 
 
 def pct(values, q) -> float | None:
@@ -70,8 +73,9 @@ def log_figures(path: Path) -> dict:
 
 def broken_invariants(report: dict) -> list[str]:
     """What a sound server breaks nowhere: every well-behaved request whole, nothing held once
-    idle, still answering, no 5xx to a hostile request, the remote view's snapshots unharmed;
-    and every hostile what-if trace refused, each within WHATIF_REFUSAL_S."""
+    idle, still answering, no 5xx to a hostile request, the remote view's snapshots unharmed,
+    the GUI's remote view probe ended well and its GUI thread never stood still past
+    GUI_GAP_BOUND_MS; and every hostile what-if trace refused, each within WHATIF_REFUSAL_S."""
     end, totals = report["end"], report["totals"]
     broken = []
     if totals["polite_lost"]:
@@ -87,12 +91,37 @@ def broken_invariants(report: dict) -> list[str]:
     peer = report.get("peer")
     if peer and peer["snapshot_failures"]:
         broken.append(f"remote snapshots failed: {peer['snapshot_failures'][0]}")
+    broken += _gui_broken(report.get("gui"))
     for row in report.get("whatif_hostile", []):
         if not row["refused"]:
             broken.append(f"what-if {row['case']}: not refused: {row['message']}")
         elif row["seconds"] > WHATIF_REFUSAL_S:
             broken.append(f"what-if {row['case']}: refused only after {row['seconds']} s")
     return broken
+
+
+def _gui_broken(gui: dict | None) -> list[str]:
+    if not gui:
+        return []
+    if gui["exit_status"] != 0 or gui["error"]:
+        return [f"the GUI probe exited {gui['exit_status']}: {gui['error'] or gui['log_tail']}"]
+    if gui["max_gap_ms"] is None or gui["max_gap_ms"] > GUI_GAP_BOUND_MS:
+        return [f"the GUI thread stood still {gui['max_gap_ms']} ms (bound {GUI_GAP_BOUND_MS:g})"]
+    return []
+
+
+def gui_line(gui: dict | None) -> str:
+    if not gui:
+        return "  GUI probe: not run (no hostile peer)"
+    if "max_gap_ms" not in gui:
+        return f"  GUI probe: exit {gui['exit_status']}, {gui['error']}"
+    view = gui.get("view", {})
+    return (
+        f"  GUI (remote view on the peer, {gui['platform']}): max gap {gui['max_gap_ms']} ms, "
+        f"p99 {gui['p99_gap_ms']} ms, {gui['gaps_over_250ms']} gaps > 250 ms in "
+        f"{gui['ticks']} ticks; frames applied {view.get('frames_applied')}, malformed "
+        f"{view.get('malformed')}"
+    )
 
 
 def sample_line(x: dict) -> str:
@@ -127,6 +156,7 @@ def summarize(report: dict) -> str:
         else "  server RSS not readable here",
         f"  server log: {report['server_log']['lines']} lines, "
         f"{report['server_log']['tracebacks']} tracebacks",
+        gui_line(report.get("gui")),
         *(
             f"  what-if {row['case']}: "
             + ("refused" if row["refused"] else "NOT refused")

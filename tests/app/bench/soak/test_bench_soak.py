@@ -1,9 +1,10 @@
 """`kvscope bench --soak`: a 20-second soak through the real CLI (`kvscope serve` in a process of
 its own, the bundled model, well-behaved and hostile clients, the hostile peer followed by the
-remote monitor), judged on its invariants, never on speed: no well-behaved request lost, nothing
-running and no KV block held once idle, the server still answering, no 5xx to a hostile request,
-RSS recorded. Plus the pieces that can be checked without a server: the invariants' judge and
-the hostile peer's bounds."""
+remote monitor, and the desktop app's remote view in a child process, its GUI thread timed),
+judged on its invariants, never on speed: no well-behaved request lost, nothing running and no KV
+block held once idle, the server still answering, no 5xx to a hostile request, the GUI thread
+never frozen, RSS recorded. Plus the pieces that can be checked without a server: the
+invariants' judge and the hostile peer's bounds."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from remote_fakes import wait_until
 from kvscope.app.bench.soak.bench import SoakSettings
 from kvscope.app.bench.soak.hostile_peer import HostilePeer
 from kvscope.app.bench.soak.hostile_whatif import run_hostile_whatif
-from kvscope.app.bench.soak.report import WHATIF_REFUSAL_S, broken_invariants
+from kvscope.app.bench.soak.report import (
+    GUI_GAP_BOUND_MS,
+    WHATIF_REFUSAL_S,
+    broken_invariants,
+    summarize,
+)
 from kvscope.app.bench.soak.watch import PeerWatch
 from kvscope.app.cli.main import main
 
@@ -52,6 +58,16 @@ def test_a_short_soak_holds_its_invariants(tmp_path, monkeypatch):
     peer = report["peer"]
     assert peer["sent"]["batches"] > 0 and peer["snapshots"] > 0
     assert peer["monitor_stopped"]
+    # The GUI leg: the remote view open on the same peer in a child process, for the whole load,
+    # its GUI thread ticking every 10 ms; it applied the peer's frames and counted its garbage.
+    gui = report["gui"]
+    assert gui["exit_status"] == 0 and not gui["killed"] and gui["error"] == "", gui
+    assert gui["platform"] == "offscreen"
+    assert gui["max_gap_ms"] < GUI_GAP_BOUND_MS and gui["ticks"] > 500, gui
+    assert gui["view"]["frames_applied"] > 0 and gui["view"]["malformed"] > 0, gui
+    assert gui["wall_s"] < report["load_seconds"] + 30, gui
+    assert "GUI (remote view on the peer" in summarize(report)
+    assert (json_path.parent / "report_gui_probe.json").exists()
     # Its files beside its --json, none in the working directory.
     assert (json_path.parent / "report.png").stat().st_size > 10_000
     assert (json_path.parent / "report_server.log").exists()
@@ -83,6 +99,7 @@ def _report(**changes) -> dict:
             "probe_error": "",
         },
         "peer": {"snapshot_failures": []},
+        "gui": {"exit_status": 0, "error": "", "log_tail": "", "max_gap_ms": 120.0},
         "whatif_hostile": [{"case": "nan", "refused": True, "message": "m", "seconds": 0.1}],
     }
     for key, value in changes.items():
@@ -100,6 +117,9 @@ def test_each_broken_invariant_is_named():
         "end__server_answering": (False, "no longer answers"),
         "totals__server_errors_5xx": (3, "3 hostile requests got a 5xx"),
         "peer__snapshot_failures": (["TypeError: x"], "remote snapshots failed"),
+        "gui__exit_status": (1, "the GUI probe exited 1"),
+        "gui__error": ("killed after 80 s; no figures", "killed after 80 s"),
+        "gui__max_gap_ms": (3700.0, "the GUI thread stood still 3700.0 ms"),
     }
     for key, (value, words) in cases.items():
         broken = broken_invariants(_report(**{key: value}))
