@@ -90,6 +90,10 @@ class SimEngine(LLMEngine):
         )
         self.max_seq_len, self.observers = pool.max_seq_len, pool.observers
         self.allocator, self.scheduler = pool.allocator, pool.scheduler
+        # The cap on prompt tokens beside decodes is a CPU engine's (EngineConfig); this config
+        # is a CPU one whatever the trace's device, and a CUDA engine schedules without it.
+        if not recorded.device.startswith("cpu"):
+            self.scheduler.prefill_beside_decodes = None
         self.events: list[KVEvent] | None = None
         self.runner = RecordedRunner()
         self.requests: dict[str, Request] = {}
