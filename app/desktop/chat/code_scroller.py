@@ -1,11 +1,14 @@
-"""CodeScroller: one code block's lines, unwrapped, laid over the block's place in a message.
+"""CodeScroller: one code block's lines, wrapped to the bubble, laid over the block's place in a
+message.
 
-A message is one QTextDocument (links, search and copy see all of it), and a document cannot
-scroll a part of itself: a code line longer than the bubble either widened the bubble or was
-cut off, and a text cursor moving into it scrolled the whole message sideways. So the message
-keeps its code lines (one layout line each) and the view lays a scroller over them: the same
-lines with their highlighting, in a view of the bubble's width that scrolls sideways itself.
-The message reserves room under the block for the scroller's scroll bar when it shows one.
+A message is one QTextDocument (links, search and copy see all of it), and its code lines are
+one layout line each: a line longer than the bubble either widened the bubble or was cut off,
+and a text cursor moving into it scrolled the whole message sideways. So the view lays this
+over them: the same lines with their highlighting, in a view of the bubble's width that wraps a
+long line under itself, indented (HANG_PX) so a continuation reads as one: a 75-character line
+needs ~560 px, more than the ~375 px a 1400-px window's chat column leaves a block, so a block
+that scrolled sideways would be the common case. The message reserves room under the block for
+the rows wrapping adds; Copy still copies the lines as written.
 """
 
 from __future__ import annotations
@@ -13,16 +16,17 @@ from __future__ import annotations
 import math
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QTextBlock, QTextBlockFormat, QTextCursor
+from PySide6.QtGui import QFontMetricsF, QTextBlock, QTextBlockFormat, QTextCursor, QTextOption
 from PySide6.QtWidgets import QFrame, QTextBrowser, QWidget
 
 from kvscope.app.desktop.chat.markdown import SafeDocument
 
 CODE_PADDING = 6  # left and right, as the message's code lines have it
+HANG_PX = 16  # a wrapped line's continuation starts this far right of its line's start
 
 
 class CodeScroller(QTextBrowser):
-    """A read-only, unwrapped copy of one code block that scrolls sideways when it is wider."""
+    """A read-only copy of one code block that wraps a line longer than its width."""
 
     def __init__(self, parent: QWidget) -> None:
         super().__init__(parent)
@@ -32,9 +36,10 @@ class CodeScroller(QTextBrowser):
         self.setDocument(SafeDocument(self))
         self.document().setDocumentMargin(0)
         self.setFrameShape(QFrame.Shape.NoFrame)
-        self.setLineWrapMode(QTextBrowser.LineWrapMode.NoWrap)
+        self.setLineWrapMode(QTextBrowser.LineWrapMode.WidgetWidth)
+        self.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self._lines: tuple[str, ...] = ()
         self._background = ("", "")
 
@@ -67,19 +72,22 @@ class CodeScroller(QTextBrowser):
         document.clear()
         cursor = QTextCursor(document)
         cursor.insertFragment(source.selection())
-        fmt = QTextBlockFormat()
-        fmt.setLeftMargin(CODE_PADDING)
-        fmt.setRightMargin(CODE_PADDING)
-        fmt.setNonBreakableLines(True)
-        cursor.select(QTextCursor.SelectionType.Document)
-        cursor.setBlockFormat(fmt)
-
-    def content_width(self) -> float:
-        return self.document().idealWidth()
+        line = document.firstBlock()
+        while line.isValid():
+            # A line's first row at CODE_PADDING; its wrapped rows under its own indentation
+            # and HANG_PX further, so none reads as a line of its own (in Python, another block).
+            text = line.text()
+            lead = text[: len(text) - len(text.lstrip(" \t"))].replace("\t", "    ")
+            font = QTextCursor(line).charFormat().font()
+            indent = QFontMetricsF(font).horizontalAdvance(lead) + HANG_PX
+            fmt = QTextBlockFormat()
+            fmt.setLeftMargin(CODE_PADDING + indent)
+            fmt.setTextIndent(-indent)
+            fmt.setRightMargin(CODE_PADDING)
+            QTextCursor(line).setBlockFormat(fmt)
+            line = line.next()
 
     def needed_height(self, width: int) -> int:
-        """Its lines' height, plus the scroll bar's when `width` cannot show the longest line."""
-        height = math.ceil(self.document().size().height())
-        if self.content_width() > width:
-            height += self.horizontalScrollBar().sizeHint().height()
-        return height
+        """Its lines' height wrapped at `width` (the view wraps them at its own width, this)."""
+        self.document().setTextWidth(width)
+        return math.ceil(self.document().size().height())

@@ -4,7 +4,7 @@ The text is untrusted, so the view loads no resource (see app.desktop.chat.markd
 opens only through `open_link`: http(s) only, and only after the user says yes. Each code block
 has a Copy button on its header line that puts the code, as written, on the clipboard, and its
 lines under a CodeScroller (app/desktop/chat/code_scroller.py): a line longer than the bubble
-scrolls inside its block. The message itself never scrolls sideways: it is as wide as its bubble.
+wraps inside its block. The message itself never scrolls sideways: it is as wide as its bubble.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class MarkdownView(QTextBrowser):
         return list(self._copy_buttons)
 
     def code_scrollers(self) -> list[CodeScroller]:
-        """One per code block, in order: its lines, scrolling sideways when too long."""
+        """One per code block, in order: its lines, wrapped where too long."""
         return list(self._scrollers)
 
     def markdown(self) -> str:
@@ -139,7 +139,7 @@ class MarkdownView(QTextBrowser):
 
     def _place_copy_buttons(self) -> None:
         """Each Copy button on its block's header, each scroller over its block's lines, the
-        room its scroll bar needs reserved under them."""
+        room their wrapping needs reserved under them."""
         if self._placing:
             return  # reserving room relays the document out, which calls this again
         self._placing = True
@@ -164,7 +164,10 @@ class MarkdownView(QTextBrowser):
             lines = _lines_height(first, last)
             needed = scroller.needed_height(width)
             _reserve(last, max(0, needed - lines))
-            scroller.setGeometry(margin, math.floor(top), width, needed)
+            # Out to the viewport's edge (its lines wrap short of it): the message's own,
+            # unwrapped lines run on under it and would show in the document's margin.
+            scroller.setViewportMargins(0, 0, margin, 0)
+            scroller.setGeometry(margin, math.floor(top), width + margin, needed)
             scroller.raise_()
             button.raise_()
 

@@ -1,6 +1,7 @@
 """The chat column lays out at every window width from the minimum up, in both themes: every
 bubble and its buttons inside the column's viewport, nothing scrolled sideways, and a code line
-longer than the bubble scrolling inside its own block (issue 29, item 3)."""
+longer than the bubble wrapping inside its own block (issue 29, item 3; issue 44: a block that
+scrolled sideways at 1400 px)."""
 
 from __future__ import annotations
 
@@ -100,39 +101,46 @@ def test_bubbles_fit_the_chat_column_at_every_width(window_with_code, qtbot, the
             body = bubble.body
             assert body.horizontalScrollBar().value() == 0, f"{width}: the message shifted"
             assert _right_edge(body, viewport) <= viewport.width()
-        # The long code lines scroll inside their blocks, which stay the bubble's width.
+        # The long code lines wrap inside their blocks, which stay the bubble's width.
         scrollers = [s for b in bubbles for s in b.body.code_scrollers()]
         assert len(scrollers) == 4  # the question, the reply twice, the half-streamed reply once
         for scroller in scrollers:
-            assert scroller.horizontalScrollBar().maximum() > 0, f"{width}: code not scrollable"
-            assert scroller.horizontalScrollBar().isVisible()
+            assert scroller.horizontalScrollBar().maximum() == 0, f"{width}: code scrolls"
+            rows = scroller.document().firstBlock().layout().lineCount()
+            assert rows > 1, f"{width}: the long line did not wrap"
             assert _right_edge(scroller, scroller.parentWidget()) <= scroller.parentWidget().width()
         window.chats.open_conversation(window.chats.current_id)  # the stored two again
     window.grab()  # paints without error at the last width
 
 
-def test_a_code_scroller_reserves_its_scroll_bar_and_scrolls_to_the_line_end(qtbot):
+def test_a_long_code_line_wraps_under_its_indent_and_the_text_after_stays_clear(qtbot):
+    from kvscope.app.desktop.chat.code_scroller import CODE_PADDING, HANG_PX
     from kvscope.app.desktop.chat.markdown_view import MarkdownView
 
     view = MarkdownView()
     qtbot.addWidget(view)
     view.resize(300, 200)
     view.show()
-    view.set_markdown(f"```python\n{LONG_LINE}\n```\nafter")
+    view.set_markdown(f"```python\nif x:\n    {LONG_LINE}\n```\nafter")
     _settle(qtbot)
     (scroller,) = view.code_scrollers()
-    bar = scroller.horizontalScrollBar()
-    assert bar.isVisible() and bar.maximum() > 0
+    assert scroller.horizontalScrollBar().maximum() == 0  # nothing to scroll sideways
+    wrapped = scroller.document().firstBlock().next()
+    layout = wrapped.layout()
+    assert layout.lineCount() > 2
+    # Its wrapped rows start right of its own indentation, never left of it.
+    first_row, next_row = layout.lineAt(0), layout.lineAt(1)
+    text_start = first_row.cursorToX(4)[0]  # after the four spaces
+    assert next_row.x() >= text_start + HANG_PX - 1 > CODE_PADDING
     after = view.document().lastBlock()
     after_top = view.document().documentLayout().blockBoundingRect(after).top()
     assert scroller.geometry().bottom() < after_top  # the text after the code is not covered
-    bar.setValue(bar.maximum())
-    assert view.horizontalScrollBar().value() == 0  # only the block moved
-    # Wide enough for the line: no scroll bar, and no room kept for one.
+    assert view.horizontalScrollBar().value() == 0
+    # Wide enough for the line: one row each, no room kept for more.
     view.resize(1600, 200)
     _settle(qtbot)
-    assert not bar.isVisible()
-    assert scroller.height() < 2 * scroller.fontMetrics().lineSpacing() + 4
+    assert layout.lineCount() == 1
+    assert scroller.height() < 3 * scroller.fontMetrics().lineSpacing() + 4
 
 
 def test_entering_edit_mode_does_not_move_the_chat(window_with_code, qtbot):
