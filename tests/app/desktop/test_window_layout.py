@@ -80,9 +80,7 @@ def test_at_1024x700_the_status_bar_shows_and_plot_titles_do_not_overlap(make_wi
                 assert not a.intersects(b), (shown, a, b)
 
 
-def test_at_1024x700_with_the_load_panel_open_the_maps_come_before_the_plots(
-    make_window, qtbot
-):
+def test_at_1024x700_with_the_load_panel_open_the_maps_come_before_the_plots(make_window, qtbot):
     # The issue: both maps shrank to ~40 px strips while two rows of plots kept their height.
     window = make_window()
     _settle(qtbot, window, SMALL, True)
