@@ -213,7 +213,8 @@ def test_applying_settings_rebuilds_the_engine_and_keeps_chats(make_window, qtbo
     with qtbot.waitSignal(window.engine_ready, timeout=TIMEOUT_MS) as ready:
         window.apply_settings(window.settings.with_engine(block_size=32))
     assert ready.args[0].block_size == 32
-    assert busy == ["Rebuilding the engine…", ""]  # the busy bar's text, then idle
+    # The busy bar's texts (the weights' stage fills the bar as they are read), then idle.
+    assert busy == ["Rebuilding the engine…", "Loading the weights…", ""]
     qtbot.waitUntil(lambda: window.last_telemetry.stats["kv_block_size"] == 32, timeout=TIMEOUT_MS)
     assert window.client.worker.builder.loaded is default_model  # tokenizer reused, not rebuilt
     assert window.engine_info.weight_format == "float32"
