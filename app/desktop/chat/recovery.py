@@ -27,7 +27,10 @@ def open_chat_store(path: Path) -> tuple[ChatStore, str | None]:
     path = Path(path)
     try:
         store = ChatStore(path)
-        verdict = store._db.execute("PRAGMA quick_check").fetchone()[0]
+        # integrity_check, not quick_check: an index that lost a row passes the quick one and
+        # fails the first query through it ("database disk image is malformed"), mid-session.
+        # A chats file is megabytes; the full check takes milliseconds.
+        verdict = store._db.execute("PRAGMA integrity_check(1)").fetchone()[0]
         if verdict == "ok":
             verdict = _schema_check(store)
         if verdict == "ok":
