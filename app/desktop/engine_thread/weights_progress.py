@@ -41,6 +41,8 @@ class CountedWeights:
         return weight
 
     def __getattr__(self, name: str) -> Any:  # anything else a source offers, as it is
+        if name.startswith("__") or name == "_inner":  # copy and pickle probe before __init__
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
 
