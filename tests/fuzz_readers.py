@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from repo_paths import TESTS
@@ -202,6 +203,28 @@ def hostile_paths(folder: Path, suffix: str, special: bool = True) -> dict[str, 
         paths["fifo"] = folder / f"fifo{suffix}"
         os.mkfifo(paths["fifo"])
     return paths
+
+
+# What every reader says of a path that is no file at all (engine/input_file.py's words).
+NOT_A_FILE = {
+    "zero": "is a link to /dev/zero, which is a character device, not a regular file",
+    "fifo": "is a pipe (FIFO), not a regular file",
+    "folder": "is a folder, not a regular file",
+}
+UNREAD_LIMIT = 16 << 20  # a refused hostile path: its first bytes at most, never its gigabyte
+
+
+def check_refused_path(reader: Reader, folder: Path, name: str, own: dict[str, str]) -> None:
+    """The hostile path `name` (`hostile_paths`) is refused before it is read: an error whose
+    message holds `own[name]`, or NOT_A_FILE's words, within UNREAD_LIMIT."""
+    paths = hostile_paths(folder, reader.suffix)
+    if name not in paths:
+        pytest.skip(f"no {name} on this system")
+    error, peak = check_bounded(reader, paths[name])
+    assert error is not None, f"{reader.name} read {name}"
+    assert peak < UNREAD_LIMIT, peak
+    expected = {**NOT_A_FILE, **own}[name]
+    assert expected in str(error), error
 
 
 def fuzz(reader: Reader, folder: Path, examples: int) -> None:
