@@ -110,13 +110,11 @@ class ConversationList(QWidget):
         conversations = self.store.conversations(self.search.text())
         for conv in conversations:
             title = plain_text(conv.title) or conv.title
-            item = QListWidgetItem(self._label(conv.id, title))
+            item = QListWidgetItem()
             item.setIcon(group_swatch(conversation_group(conv.id)))
             item.setData(Qt.ItemDataRole.UserRole, conv.id)
             item.setToolTip(title)
-            color = self._generating.get(conv.id)
-            if color is not None:
-                item.setForeground(color)
+            self._mark(item)
             self.list.addItem(item)
             if conv.id == self._current:
                 self.list.setCurrentItem(item)
@@ -125,8 +123,12 @@ class ConversationList(QWidget):
         self.no_results.setText(f"No chats match “{searching}”")
         self.no_results.setVisible(bool(searching) and not conversations)
 
-    def _label(self, conversation_id: int, title: str) -> str:
-        return (GENERATING_MARK if conversation_id in self._generating else "") + title
+    def _mark(self, item: QListWidgetItem) -> None:
+        """The item's text and colour: its title, marked while its chat generates."""
+        cid = item.data(Qt.ItemDataRole.UserRole)
+        item.setText((GENERATING_MARK if cid in self._generating else "") + item.toolTip())
+        color = self._generating.get(cid)
+        item.setForeground(color if color is not None else self.list.palette().text())
 
     def select(self, conversation_id: int | None) -> None:
         self._current = conversation_id
@@ -149,11 +151,7 @@ class ConversationList(QWidget):
             return
         self._resort_due = True
         for row in range(self.list.count()):  # in place: the marks change, not the order
-            item = self.list.item(row)
-            cid = item.data(Qt.ItemDataRole.UserRole)
-            item.setText(self._label(cid, item.toolTip()))
-            color = self._generating.get(cid)
-            item.setForeground(color if color is not None else self.list.palette().text())
+            self._mark(self.list.item(row))
 
     def ask_rename(self, conversation_id: int) -> None:
         title = self.store.conversation(conversation_id).title

@@ -7,6 +7,7 @@ by 100x and more, and a count of tensors would rush through norms and stall on t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ class CountedWeights:
     def __init__(self, inner: Any, report: Callable[[float], None]) -> None:
         self._inner = inner
         self._report = report
-        self._sizes = {name: max(1, _elements(shape)) for name, shape in inner.shapes().items()}
+        self._sizes = {name: max(1, math.prod(shape)) for name, shape in inner.shapes().items()}
         self._total = sum(self._sizes.values()) or 1
         self._read = 0
         self._reported = -1.0
@@ -44,10 +45,3 @@ class CountedWeights:
         if name.startswith("__") or name == "_inner":  # copy and pickle probe before __init__
             raise AttributeError(name)
         return getattr(self._inner, name)
-
-
-def _elements(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
