@@ -29,7 +29,7 @@ def open_chat_store(path: Path) -> tuple[ChatStore, str | None]:
         store = ChatStore(path)
         # integrity_check, not quick_check: an index that lost a row passes the quick one and
         # fails the first query through it ("database disk image is malformed"), mid-session.
-        # A chats file is megabytes; the full check takes milliseconds.
+        # The full check reads every index too, at little more cost than the quick one.
         verdict = store._db.execute("PRAGMA integrity_check(1)").fetchone()[0]
         if verdict == "ok":
             verdict = _schema_check(store)
