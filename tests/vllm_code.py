@@ -36,14 +36,36 @@ import pytest
 
 VLLM_VERSION = "0.33.0"
 # The source release on PyPI carries what the wheel leaves out: vLLM's example KV-event
-# subscriber and the replay client of its own test suite.
+# subscriber, the replay client of its own test suite, and the tool chat templates it ships
+# (tests/app/serve/tools/test_vllm_tool_formats.py).
 SDIST_INDEX = "https://pypi.org/simple/vllm/"
+TOOL_TEMPLATES = tuple(
+    f"examples/tool_chat_template_{name}.jinja"
+    for name in (
+        "hermes",
+        "llama3.1_json",
+        "llama3.2_json",
+        "llama3.2_pythonic",
+        "llama4_json",
+        "llama4_pythonic",
+        "mistral",
+        "mistral_parallel",
+        "gemma3_pythonic",
+        "glm4",
+        "qwen3coder",
+    )
+) + (
+    # Qwen 3's and Qwen 3.5's own templates, which vLLM's template tests render.
+    "rust/src/chat/tests/templates/qwen3.jinja",
+    "rust/src/chat/tests/templates/qwen35.jinja",
+)
 SDIST_FILES = (
     "examples/features/kv_events/kv_events_subscriber.py",
     "tests/__init__.py",
     "tests/distributed/__init__.py",
     "tests/distributed/conftest.py",
     "tests/distributed/test_events.py",
+    *TOOL_TEMPLATES,
 )
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "vllm"
@@ -74,6 +96,13 @@ REAL = frozenset(
         "vllm.entrypoints.openai.chat_completion.protocol",
         "vllm.entrypoints.openai.completion.protocol",
         "vllm.entrypoints.serve.tokenize.protocol",
+        # vLLM's tool-call parsers (tests/app/serve/tools/test_vllm_tool_formats.py).
+        "vllm.tool_parsers.abstract_tool_parser",
+        "vllm.tool_parsers.hermes_tool_parser",
+        "vllm.tool_parsers.llama_tool_parser",
+        "vllm.tool_parsers.tool_strict_level",
+        "vllm.tool_parsers.utils",
+        "vllm.utils.mistral",  # the Hermes parser's "is this a Mistral tokenizer?"
     }
 )
 
@@ -111,22 +140,24 @@ def source_root() -> Path:
 
 def sdist_root() -> Path:
     """vLLM's source release, the files of SDIST_FILES unpacked (downloaded once from PyPI,
-    checked against the sha256 its index states)."""
+    checked against the sha256 its index states); a file added to the list is unpacked on the
+    next call."""
     target = CACHE / f"sdist-{VLLM_VERSION}"
-    marker = target / ".unpacked"
-    if marker.exists():
+    missing = [rel for rel in SDIST_FILES if not (target / rel).exists()]
+    if not missing:
         return target
     archive = CACHE / f"vllm-{VLLM_VERSION}.tar.gz"
     if not archive.exists():
         fetch_sdist(archive)
     prefix = f"vllm-{VLLM_VERSION}/"
     with tarfile.open(archive) as tar:
-        for rel in SDIST_FILES:
+        for rel in missing:
             member = tar.getmember(prefix + rel)
             out = target / rel
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(tar.extractfile(member).read())
-    marker.write_text(VLLM_VERSION)
+            part = out.with_name(out.name + ".part")  # whole or absent, never half-written
+            part.write_bytes(tar.extractfile(member).read())
+            part.replace(out)
     return target
 
 

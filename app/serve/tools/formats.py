@@ -3,7 +3,8 @@ and how the reply reads back as content and calls (whole, or while it is still b
 
 - hermes: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` blocks, the format
   of Qwen 2.5 / 3, Hermes and others whose templates render `tools` and say `<tool_call>`.
-- llama3_json: a bare `{"name": ..., "parameters": {...}}`, Llama 3.1 / 3.2 / 3.3's.
+- llama3_json: a bare `{"name": ..., "parameters": {...}}`, Llama 3.1 / 3.2 / 3.3's and
+  Llama 4's JSON templates'.
 - generic: any other model (llama.cpp's generic handler does the same). The tools are described
   in the system message and the reply is one JSON object: {"tool_calls": [...]} or
   {"response": "..."}.
@@ -14,6 +15,7 @@ With the grammar in place, every reply parses: the model chooses what to say, ne
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,12 +206,28 @@ def _object(properties: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _json_key(key: str) -> re.Pattern[str]:
+    """`"key"` as a template writes a JSON call, its quotes escaped or not (Qwen 3 writes
+    {\"name\": <function-name>, \"arguments\": ...} inside a double-quoted Jinja string, and
+    a dict of templates is read as its JSON)."""
+    return re.compile(rf'"{key}\\*"')
+
+
+_ARGUMENTS, _PARAMETERS = _json_key("arguments"), _json_key("parameters")
+
+
 def pick_format(template: object) -> ToolFormat:
-    """The format the model's chat template teaches it, read from the template's text."""
+    """The format the model's chat template teaches it, read from the template's text.
+
+    hermes wants `<tool_call>` around a JSON call: Qwen 3.5, Qwen3-Coder and GLM 4.5 also say
+    `<tool_call>`, around XML-like parameters we do not speak (generic for them). llama3_json
+    is Llama 3.x's `<|eot_id|>` or Llama 4's `<|eot|>` with a JSON `"parameters"` call (their
+    pythonic templates are generic)."""
     text = json.dumps(template) if isinstance(template, dict) else str(template or "")
     renders_tools = "tools" in text
-    if renders_tools and "<tool_call>" in text:
+    if renders_tools and "<tool_call>" in text and _ARGUMENTS.search(text):
         return HermesFormat()
-    if renders_tools and "<|eot_id|>" in text and '"parameters"' in text:
+    llama = "<|eot_id|>" in text or "<|eot|>" in text
+    if renders_tools and llama and _PARAMETERS.search(text):
         return Llama3JsonFormat()
     return GenericFormat()

@@ -135,7 +135,12 @@ def test_a_text_answer_streams_as_content(fmt, default_model_lazy):
     "template,expected",
     [
         ("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}", "generic"),
-        ("{% if tools %}{{ tools | tojson }}<tool_call>{% endif %}", "hermes"),
+        (
+            '{% if tools %}{{ tools | tojson }}<tool_call>{"name": n, "arguments": a}{% endif %}',
+            "hermes",
+        ),
+        # <tool_call> around XML-like parameters (Qwen 3.5, GLM 4.5): not hermes' JSON.
+        ("{% if tools %}<tool_call>\n<function=f>\n<parameter=x>{% endif %}", "generic"),
         ('{% if tools %}{"name": x, "parameters": y}<|eot_id|>{% endif %}', "llama3_json"),
         (None, "generic"),
     ],
