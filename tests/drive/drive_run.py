@@ -120,6 +120,9 @@ class Drive:
             self._recover()
         row["wall_s"] = round(time.monotonic() - t0, 1)
         row["stray_dialogs"] = self.errors.close_stray_dialogs()
+        # Widgets alive after each scenario: one a window lets go and something still holds
+        # grows this count loop after loop, with RSS and the time of every theme change.
+        row["widgets_alive"] = len(QApplication.allWidgets())
         self.runs.append(row)
         print(f"[drive] {self.activity.now():7.1f} s  loop {loop} {name}: {row['wall_s']} s"
               + (f"  ERROR {row['error']}" if "error" in row else ""), flush=True)  # fmt: skip
@@ -203,6 +206,7 @@ class Drive:
                 "errors": len(self.errors.errors),
                 "rss": rss_summary(samples, events),
                 "gui": self.stalls.summary(),
+                "widgets_alive": _widgets_by_loop(self.runs),
                 "worst_stall": worst,
                 "startup": self.startup,
                 "exit": self.exit,
@@ -219,6 +223,17 @@ class Drive:
             "status_log": self.status_log,
             "activity_log": [(round(t, 2), label) for t, label in self.activity.log],
         }
+
+
+def _widgets_by_loop(runs: list[dict]) -> dict:
+    """Widgets alive after the first loop's last scenario, and after its last run (the time
+    may be up mid-loop, so the same scenario, not the last loop's end)."""
+    first = [row for row in runs if row["loop"] == 0]
+    if not first:
+        return {}
+    name = first[-1]["scenario"]
+    counts = [row["widgets_alive"] for row in runs if row["scenario"] == name]
+    return {"after": name, "first_loop": counts[0], "last_loop": counts[-1]}
 
 
 def run_drive(args, out: Path, model: str | None, platform: str) -> int:
@@ -240,7 +255,8 @@ def run_drive(args, out: Path, model: str | None, platform: str) -> int:
     print(
         f"[drive] {s['minutes_run']} min, {s['scenarios_run']} scenarios "
         f"({s['scenarios_failed']} failed), {s['errors']} errors; RSS {s['rss'].get('first_mib')}"
-        f" -> {s['rss'].get('last_mib')} MiB (max {s['rss'].get('max_mib')}); worst stall "
+        f" -> {s['rss'].get('last_mib')} MiB (max {s['rss'].get('max_mib')}); widgets alive "
+        f"{s['widgets_alive']}; worst stall "
         + (f"{worst['late_ms']} ms while {worst['doing']}" if worst else "none")
         + f"; results in {out}",
         flush=True,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from monitors import Activity
-from PySide6.QtCore import QEventLoop, Qt, QTimer
+from PySide6.QtCore import QCoreApplication, QEvent, QEventLoop, Qt, QTimer
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QFileDialog, QLineEdit, QWidget
 
@@ -23,10 +23,17 @@ class DriveTimeout(Exception):
 def _run_events(ms: int) -> None:
     """Run the event loop for `ms`. Not QTest.qWait: PySide6 holds the GIL through it, so the
     engine's thread got ~1% of its time while the drive waited (the window took 100 s to load
-    the model and replied at 0.6 tok/s instead of 2 s and ~90); QEventLoop.exec lets it go."""
+    the model and replied at 0.6 tok/s instead of 2 s and ~90); QEventLoop.exec lets it go.
+
+    The drive runs inside the application's loop and waits in nested ones, and Qt runs a
+    deleteLater() only once control is back in the loop it was called from, which the drive's
+    never is until it ends: every widget the window let go (a chat's bubbles on switching chats)
+    would stay alive, growing RSS and every theme change. So the deletions a user's event loop
+    would run are run here, as qWait does."""
     loop = QEventLoop()
     QTimer.singleShot(ms, loop.quit)
     loop.exec()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
 
 def _plain(text: str) -> str:
