@@ -116,8 +116,9 @@ class _Said(logging.Handler):
 
 
 def _warm_projections(ns: SimpleNamespace, threads: int) -> None:
-    """The fused decode's matmul entries for every kind of matrix (4- and 8-bit codes, float32
-    scales or float16 bits): engine/model/cpu_decode.py warms those its model has at build."""
+    """The fused decode's matmul entries for every kind of matrix (4- and 8-bit codes, each
+    pair of scale and offset types: cpu_gemv.meta_examples): engine/model/cpu_decode.py warms
+    those its model has at build."""
     chunks, tiles, k, group = 1, 1, 64, 32
     tables = [ns.project] + ([ns.project_parallel] if threads > 1 else [])
     for bits in (4, 8):
@@ -125,13 +126,12 @@ def _warm_projections(ns: SimpleNamespace, threads: int) -> None:
             codes = np.zeros((chunks, tiles, k // 32, 256), np.uint8)
         else:
             codes = np.zeros((chunks, tiles, k // group, 16 * group), np.int8)
-        for meta in (np.float32, np.uint16):
-            scale = np.zeros((chunks, tiles, k // group, 16), meta)
+        for scale, low in cpu_gemv.meta_examples(bits, (chunks, tiles, k // group, 16)):
             xq = np.zeros((1, k), np.int8)
             xd, xs = np.zeros((1, k // group), np.float32), np.zeros((1, k // group), np.float32)
             y = np.zeros((1, 16 * tiles), np.float32)
             for table in tables:
-                table[bits](codes, scale, scale.copy(), group, 16 * tiles, xq, xd, xs, y, 0)
+                table[bits](codes, scale, low, group, 16 * tiles, xq, xd, xs, y, 0)
 
 
 def expected_compile_s() -> float:

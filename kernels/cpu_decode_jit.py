@@ -33,7 +33,7 @@ from kvscope.kernels.cpu_gemv_jit import (
     rounded8,
     rounded8_parallel,
 )
-from kvscope.kernels.cpu_simd import Float32Array, Int8Array, MetaArray, prefetch
+from kvscope.kernels.cpu_simd import Float32Array, Int8Array, MetaArray, Offsets, prefetch
 
 Int32Array: TypeAlias = npt.NDArray[np.int32]
 
@@ -142,7 +142,7 @@ def _scatter(tmp: Float32Array, y: Float32Array, col0: int, n: int) -> None:
 def project4(
     codes: Codes4,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     group: int,
     n: int,
     xq: Int8Array,
@@ -162,7 +162,7 @@ def project4(
 def project8(
     codes: Codes8,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     group: int,
     n: int,
     xq: Int8Array,
@@ -181,7 +181,7 @@ def project8(
 def project4_parallel(
     codes: Codes4,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     group: int,
     n: int,
     xq: Int8Array,
@@ -200,7 +200,7 @@ def project4_parallel(
 def project8_parallel(
     codes: Codes8,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     group: int,
     n: int,
     xq: Int8Array,

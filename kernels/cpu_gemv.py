@@ -13,7 +13,10 @@ Layout (one matrix, out_features N, in_features K, weight group G, activation gr
             (code - c, so that |code| <= 128): tiles of 16 columns, each tile's whole K in
             order, the bytes of a tile and group as kernels/cpu_simd.py's instructions take them
     scale   [C, Nc/16, K/G, 16] float32, or uint16 holding float16 bits where every value is
-    low     exactly a float16 (Q4_0, Q4_1, Q5_0, Q8_0: see `HALF_KINDS`)
+            exactly a float16 (Q4_0, Q4_1, Q5_0, Q8_0: see `HALF_KINDS`)
+    low     the same, except where every offset is a fixed multiple of its scale (the
+            symmetric formats, `SYMMETRIC_KINDS`): then a float32 m (Q4_0: -8) and the kernels
+            compute m * scale, or None where it is 0 (centred 8-bit codes) and they add nothing
                                         w[k, n] = scale * code + low   (c folded into low)
 
 i.e. the matrix transposed and split into C column chunks of Nc columns, each chunk contiguous.
@@ -26,7 +29,10 @@ order, one stream the hardware prefetcher follows (16 byte rows of Nc bytes read
 an earlier layout, were 16 short streams it did not: 16.5 against 8.2 ms for the bundled model's
 120 matrices at one row). float16 scales and offsets cut 8 of a Q4 group's 24 bytes per column
 to 4, at no cost in exactness where the format's own d and m are float16 (K-quants' d *
-sub-scale is not: float32).
+sub-scale is not: float32). A symmetric format keeps its scale alone, as its file does (Q4_0:
+18 bytes per 32 weights, Q8_0: 34): m * scale is exact in float32 (m is -8 or 0), so the
+products are the ones a stored offset gave (kernels/cpu_simd.py's PINNED), and the kernels read
+no more bytes than the file holds, but for codes widened to a byte (Q5_0, Q6_K).
 
 What this layout bought over the int16 loops it replaced is in PERFORMANCE.md ("CPU GEMV").
 
@@ -46,9 +52,13 @@ import os
 import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import platformdirs
+
+if TYPE_CHECKING:
+    from kvscope.kernels.cpu_simd import Offsets  # imports numba: for the annotations only
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +69,12 @@ LANE = 16  # chunk widths are multiples of one AVX2 vector of int16 (and of a 4-
 TILE = 16  # columns per tile of codes (cpu_gemv_jit.TILE, kernels/cpu_simd.py)
 # Formats whose layout keeps float16 scales: one level of scales, float16 d and m, and a
 # centre that makes low exact (4-bit: none; Q5_0 / Q8_0: low = m + c d = 0). Where a matrix's
-# values are not all float16 after all (an overflowing -8 d), its layout keeps float32.
+# stored values are not all float16 after all, its layout keeps float32.
 HALF_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0")
+# Formats whose offsets are a fixed multiple of their scales, w = d (q - c) (Q6_K: d sc (q - 32)):
+# the layout keeps no offsets for them (the module doc's `low`), so Q4_0's scales stay float16
+# even where -8 d is none (|d| > 8188).
+SYMMETRIC_KINDS = ("Q4_0", "Q5_0", "Q8_0", "Q6_K")
 _compile_lock = threading.Lock()
 
 
@@ -68,7 +82,13 @@ _compile_lock = threading.Lock()
 # it, and numba's cache checks only the caller's own file: kernels/cpu_decode_jit.py's entries
 # would outlive an edit of cpu_gemv_jit.py's chunk4 (a new layout read the old way). So the
 # cache has one folder per version of these sources.
-JIT_SOURCES = ("cpu_simd.py", "cpu_gemv_jit.py", "cpu_dequant_jit.py", "cpu_decode_jit.py")
+JIT_SOURCES = (
+    "cpu_simd.py",
+    "cpu_meta_jit.py",
+    "cpu_gemv_jit.py",
+    "cpu_dequant_jit.py",
+    "cpu_decode_jit.py",
+)
 
 
 def sources_key() -> str:
@@ -112,12 +132,13 @@ def installed() -> bool:
 
 
 def layout_bytes(n: int, k: int, bits: int, group: int, kind: str | None = None) -> int:
-    """Bytes of one [n, k] matrix in this layout: codes, and scale and low per group (float16
-    for `HALF_KINDS`, float32 otherwise)."""
+    """Bytes of one [n, k] matrix in this layout: codes, and per group a scale and, except for
+    `SYMMETRIC_KINDS`, an offset (float16 for `HALF_KINDS`, float32 otherwise)."""
     chunks, width = chunking(n)
     columns = chunks * width
     meta = 2 if kind in HALF_KINDS else 4
-    return columns * k * bits // 8 + 2 * meta * columns * (k // group)
+    arrays = 1 if kind in SYMMETRIC_KINDS else 2
+    return columns * k * bits // 8 + arrays * meta * columns * (k // group)
 
 
 def compiled_before() -> bool:
@@ -178,13 +199,25 @@ def _warm_up(ns: SimpleNamespace) -> None:
             codes = np.zeros((chunks, 1, 2, 256), np.uint8)
         else:
             codes = np.zeros((chunks, 1, 2, TILE * 32), np.int8)
-        for meta in (np.float32, np.uint16):  # float32 scales, and float16 bits
-            scale = np.ones((chunks, 1, 2, TILE), np.float32).astype(meta)
-            w = QuantizedCodesT(codes, scale, scale.copy(), 32, code_bits)
+        for scale, low in meta_examples(code_bits, (chunks, 1, 2, TILE)):
+            w = QuantizedCodesT(codes, scale, low, 32, code_bits)
             for threads in thread_counts:
                 matmul(ns, w, x, threads)
                 matmul_bf16(ns, w, bits, threads)
                 dequantize_bf16(ns, w, threads)
+
+
+def meta_examples(bits: int, shape: tuple[int, ...]) -> list[tuple[np.ndarray, Offsets]]:
+    """(scale, low) of [C, Nc/16, K/G, 16], zeros, in each pair of types the layouts of
+    `bits`-bit codes take (engine/quant/cpu_gemv_layout.py), for the warm-ups: numba compiles a
+    kernel once per pair."""
+    single, half = np.zeros(shape, np.float32), np.zeros(shape, np.uint16)
+    pairs: list[tuple[np.ndarray, Offsets]] = [(single, single.copy())]  # K-quants, int4/8
+    if bits == 4:
+        pairs += [(half, half.copy()), (half, np.float32(-8))]  # Q4_1; Q4_0
+    else:
+        pairs += [(half, None), (single, None)]  # Q5_0, Q8_0; Q6_K
+    return pairs
 
 
 class QuantizedCodesT:
@@ -194,7 +227,7 @@ class QuantizedCodesT:
         self,
         codes: np.ndarray,
         scale: np.ndarray,
-        low: np.ndarray,
+        low: Offsets,
         group: int,
         bits: int,
         n: int | None = None,
@@ -207,8 +240,13 @@ class QuantizedCodesT:
         if codes.ndim != 4 or depth not in (16, 32) or codes.shape[3] != per_block:
             raise ValueError(f"{bits}-bit codes {codes.shape} are not [chunks, tiles, K/A, A*16]")
         fits = scale.ndim == 4 and scale.shape[:2] == (chunks, tiles) and scale.shape[3] == TILE
-        if not fits or scale.shape != low.shape or scale.dtype != low.dtype:
-            raise ValueError(f"scale {scale.shape} and low {low.shape} do not fit {codes.shape}")
+        if isinstance(low, np.ndarray):
+            fits = fits and scale.shape == low.shape and scale.dtype == low.dtype
+        elif low is not None and not isinstance(low, np.float32):
+            raise ValueError(f"low must be an array, a float32 multiplier or None, not {low!r}")
+        if not fits:
+            shape = low.shape if isinstance(low, np.ndarray) else low
+            raise ValueError(f"scale {scale.shape} and low {shape} do not fit {codes.shape}")
         if scale.dtype not in (np.float32, np.uint16):
             raise ValueError(f"scale must be float32 or float16 bits (uint16), not {scale.dtype}")
         self.codes, self.scale, self.low = codes, scale, low
@@ -233,7 +271,12 @@ class QuantizedCodesT:
 
     @property
     def nbytes(self) -> int:
-        return self.codes.nbytes + self.scale.nbytes + self.low.nbytes
+        offsets = self.low.nbytes if isinstance(self.low, np.ndarray) else 0
+        return self.codes.nbytes + self.scale.nbytes + offsets
+
+    def low_of(self, chunk: int) -> Offsets:
+        """One chunk's offsets: its part of the array, or the multiplier or None as they are."""
+        return self.low[chunk] if isinstance(self.low, np.ndarray) else self.low
 
 
 def matmul(ns: SimpleNamespace, w: QuantizedCodesT, x: np.ndarray, threads: int) -> np.ndarray:
@@ -280,7 +323,7 @@ def dequantize_t(ns: SimpleNamespace, w: QuantizedCodesT, chunk: int | None = No
     if len(picked) == 1:
         c = picked[0]
         out = np.empty((w.k, width), np.float32)
-        ns.dequantize[w.bits](w.codes[c], w.scale[c], w.low[c], w.group, out)
+        ns.dequantize[w.bits](w.codes[c], w.scale[c], w.low_of(c), w.group, out)
         return out
     out = np.empty((w.k, chunks * width), np.float32)
     for c in picked:
@@ -299,5 +342,5 @@ def dequantize_bf16(ns: SimpleNamespace, w: QuantizedCodesT, threads: int) -> np
         width = w.width
         for c in range(w.codes.shape[0]):
             chunk = out[c * width : (c + 1) * width]
-            ns.dequantize_bf16[w.bits](w.codes[c], w.scale[c], w.low[c], w.group, chunk)
+            ns.dequantize_bf16[w.bits](w.codes[c], w.scale[c], w.low_of(c), w.group, chunk)
     return out

@@ -6,23 +6,19 @@ numba compiles for the arrays a call passes: the annotations are for the reader 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal, TypeAlias, TypedDict
+from typing import Literal, TypeAlias, TypedDict
 
 import numpy as np
 import numpy.typing as npt
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
+from kvscope.kernels.cpu_meta_jit import as_f32, low_at, low_flat, low_part
 from kvscope.kernels.cpu_simd import (
     ROW_BLOCK,
-    CalledAs,
-    Codegen,
     Float32Array,
     Int8Array,
     MetaArray,
-    TargetContext,
+    Offsets,
     prefetch,
     tile4_block,
     tile4_row,
@@ -31,10 +27,6 @@ from kvscope.kernels.cpu_simd import (
     tile8_row_16,
     tile8_row_32,
 )
-
-if TYPE_CHECKING:
-    from numba.core.typing.context import BaseContext as TypingContext
-    from numba.core.typing.templates import Signature
 
 Codes4: TypeAlias = npt.NDArray[np.uint8]  # 4-bit codes, two per byte
 Codes8: TypeAlias = npt.NDArray[np.int8]  # 8-bit codes, centred
@@ -74,27 +66,6 @@ def rows_per_pass(k: int, m_rows: int) -> int:
     return max(ROW_BLOCK, PASS_BYTES // k // ROW_BLOCK * ROW_BLOCK)
 
 
-@CalledAs[Callable[[np.uint16 | np.float32], np.float32]]()
-@intrinsic
-def as_f32(typingctx: TypingContext, value: types.Type) -> tuple[Signature, Codegen] | None:
-    """A scale or offset as float32: uint16 holds float16 bits (widened exactly: LLVM's fpext,
-    one vcvtph2ps per 8 values on x86 with F16C), float32 passes through."""
-    if value == types.uint16:
-
-        def widen(
-            context: TargetContext,
-            builder: ir.IRBuilder,
-            signature: Signature,
-            args: Sequence[ir.Value],
-        ) -> ir.Value:
-            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-
-        return types.float32(value), widen
-    if value == types.float32:
-        return types.float32(value), lambda context, builder, signature, args: args[0]
-    return None
-
-
 @njit(**opts)
 def quantize_rows(
     x: Float32Array, group: int, xq: Int8Array, xd: Float32Array, xs: Float32Array
@@ -126,7 +97,7 @@ def quantize_rows(
 def chunk4(
     codes: Codes4,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
     xs: Float32Array,
@@ -146,7 +117,7 @@ def chunk4(
     per_weight_group, weight_groups = group // 32, scale.shape[1]
     flat, xflat, yflat = codes.reshape(-1), xq.reshape(-1), y.reshape(-1)
     dflat, sflat = xd.reshape(-1), xs.reshape(-1)
-    sc, lw = scale.reshape(-1), low.reshape(-1)
+    sc, lw = scale.reshape(-1), low_flat(low)
     for i in range(yflat.shape[0]):
         yflat[i] = 0.0
     rows = rows_per_pass(k, m_rows)
@@ -205,7 +176,7 @@ def chunk4(
 def chunk8(
     codes: Codes8,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
     xs: Float32Array,
@@ -221,7 +192,7 @@ def chunk8(
     per_weight_group, weight_groups = group // a, scale.shape[1]
     flat, xflat, yflat = codes.reshape(-1), xq.reshape(-1), y.reshape(-1)
     dflat, sflat = xd.reshape(-1), xs.reshape(-1)
-    sc, lw = scale.reshape(-1), low.reshape(-1)
+    sc, lw = scale.reshape(-1), low_flat(low)
     for i in range(yflat.shape[0]):
         yflat[i] = 0.0
     rows = rows_per_pass(k, m_rows)
@@ -358,7 +329,7 @@ def rounded(x: Float32Array, act_group: int) -> tuple[Int8Array, Float32Array, F
 def rounded4(
     codes: Codes4,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
     xs: Float32Array,
@@ -368,14 +339,14 @@ def rounded4(
     """y float32 [chunks, M, Nc] from activations already rounded (xq, xd, xs), one thread;
     shared with the fused decode (kernels/cpu_decode_jit.py), which rounds them itself."""
     for c in range(scale.shape[0]):
-        chunk4(codes[c], scale[c], low[c], xq, xd, xs, group, y[c])
+        chunk4(codes[c], scale[c], low_part(low, c), xq, xd, xs, group, y[c])
 
 
 @njit(**opts)
 def rounded8(
     codes: Codes8,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
     xs: Float32Array,
@@ -383,14 +354,14 @@ def rounded8(
     y: Float32Array,
 ) -> None:
     for c in range(scale.shape[0]):
-        chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, y[c])
+        chunk8(codes[c], scale[c], low_part(low, c), xq, xd, xs, group, y[c])
 
 
 @njit(parallel=True, **opts)
 def rounded4_parallel(
     codes: Codes4,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
     xs: Float32Array,
@@ -399,14 +370,14 @@ def rounded4_parallel(
 ) -> None:
     """rounded4 with the chunks shared among numba's threads."""
     for c in prange(scale.shape[0]):
-        chunk4(codes[c], scale[c], low[c], xq, xd, xs, group, y[c])
+        chunk4(codes[c], scale[c], low_part(low, c), xq, xd, xs, group, y[c])
 
 
 @njit(parallel=True, **opts)
 def rounded8_parallel(
     codes: Codes8,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
     xs: Float32Array,
@@ -414,7 +385,7 @@ def rounded8_parallel(
     y: Float32Array,
 ) -> None:
     for c in prange(scale.shape[0]):
-        chunk8(codes[c], scale[c], low[c], xq, xd, xs, group, y[c])
+        chunk8(codes[c], scale[c], low_part(low, c), xq, xd, xs, group, y[c])
 
 
 @njit(**opts)
@@ -426,7 +397,7 @@ def _output(codes: Codes4 | Codes8, x: Float32Array) -> Float32Array:
 def serial4(
     codes: Codes4,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     x: Float32Array,
     act_group: int,
     group: int,
@@ -441,7 +412,7 @@ def serial4(
 def serial8(
     codes: Codes8,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     x: Float32Array,
     act_group: int,
     group: int,
@@ -456,7 +427,7 @@ def serial8(
 def parallel4(
     codes: Codes4,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     x: Float32Array,
     act_group: int,
     group: int,
@@ -471,7 +442,7 @@ def parallel4(
 def parallel8(
     codes: Codes8,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     x: Float32Array,
     act_group: int,
     group: int,
@@ -486,7 +457,7 @@ def parallel8(
 def serial4_bf16(
     codes: Codes4,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     bits: Bf16Array,
     act_group: int,
     group: int,
@@ -499,7 +470,7 @@ def serial4_bf16(
 def serial8_bf16(
     codes: Codes8,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     bits: Bf16Array,
     act_group: int,
     group: int,
@@ -512,7 +483,7 @@ def serial8_bf16(
 def parallel4_bf16(
     codes: Codes4,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     bits: Bf16Array,
     act_group: int,
     group: int,
@@ -526,7 +497,7 @@ def parallel4_bf16(
 def parallel8_bf16(
     codes: Codes8,
     scale: MetaArray,
-    low: MetaArray,
+    low: Offsets,
     bits: Bf16Array,
     act_group: int,
     group: int,
@@ -538,31 +509,31 @@ def parallel8_bf16(
 
 @njit(**opts)
 def dequantize4(
-    codes: Codes4, scale: MetaArray, low: MetaArray, group: int, out: Float32Array
+    codes: Codes4, scale: MetaArray, low: Offsets, group: int, out: Float32Array
 ) -> None:
     """One chunk of 4-bit codes [Nc/16, K/32, 256] -> float32 W.T [K, Nc]."""
     tiles, groups = codes.shape[0], codes.shape[1]
     for t in range(tiles):
         for b in range(groups):
-            srow = scale[t, b * 32 // group]
-            lrow = low[t, b * 32 // group]
+            g = b * 32 // group
             v = codes[t, b]
             for j in range(8):
                 for n in range(TILE):
                     col = t * TILE + n
+                    s = as_f32(scale[t, g, n])
+                    lo = low_at(low, t, g, n, s)
                     for e in range(2):
                         # int32 before float: numba widens integer ops to int64, which AVX2
                         # cannot convert to float in vectors (measured 5x slower).
                         q = np.int32(v[32 * j + 2 * n + e])
                         kk = b * 32 + 4 * j + e
-                        out[kk, col] = as_f32(srow[n]) * np.float32(q & 15) + as_f32(lrow[n])
-                        hi = np.float32(q >> 4)
-                        out[kk + 2, col] = as_f32(srow[n]) * hi + as_f32(lrow[n])
+                        out[kk, col] = s * np.float32(q & 15) + lo
+                        out[kk + 2, col] = s * np.float32(q >> 4) + lo
 
 
 @njit(**opts)
 def dequantize8(
-    codes: Codes8, scale: MetaArray, low: MetaArray, group: int, out: Float32Array
+    codes: Codes8, scale: MetaArray, low: Offsets, group: int, out: Float32Array
 ) -> None:
     """One chunk of 8-bit codes [Nc/16, K/A, 16 A] -> float32 W.T [K, Nc]."""
     tiles, groups = codes.shape[0], codes.shape[1]
@@ -577,5 +548,6 @@ def dequantize8(
                         for e in range(4):
                             kk = b * a + 4 * j + e
                             q = np.float32(np.int32(v[32 * (2 * j + h) + 4 * n + e]))
-                            srow, lrow = scale[t, kk // group], low[t, kk // group]
-                            out[kk, t * TILE + col] = as_f32(srow[col]) * q + as_f32(lrow[col])
+                            s = as_f32(scale[t, kk // group, col])
+                            lo = low_at(low, t, kk // group, col, s)
+                            out[kk, t * TILE + col] = s * q + lo

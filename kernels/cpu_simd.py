@@ -51,11 +51,13 @@ ISA_ENV = "KVSCOPE_CPU_SIMD"  # "generic" forces the portable IR (tests compare 
 
 # The arrays the kernels take: 4-bit codes (uint8) or centred 8-bit ones (int8); activations
 # rounded to int8 with their float32 scales and sums; a tile's scales and offsets, float32 or
-# float16 bits (uint16) where every one is exactly a float16.
+# float16 bits (uint16) where every one is exactly a float16. The offsets of a symmetric format
+# are no array (kernels/cpu_gemv.py's `low`): a float32 multiple m of the scale, or None for 0.
 CodeArray: TypeAlias = npt.NDArray[np.uint8] | npt.NDArray[np.int8]
 Int8Array: TypeAlias = npt.NDArray[np.int8]
 Float32Array: TypeAlias = npt.NDArray[np.float32]
 MetaArray: TypeAlias = npt.NDArray[np.float32] | npt.NDArray[np.uint16]
+Offsets: TypeAlias = MetaArray | np.float32 | None
 
 # A tile intrinsic as jitted code calls it (see `_tile_kernel`); offsets count elements.
 TileKernel: TypeAlias = Callable[
@@ -70,7 +72,7 @@ TileKernel: TypeAlias = Callable[
         int,  # their offset
         int,  # their row stride
         MetaArray,  # scale
-        MetaArray,  # low
+        Offsets,  # low
         int,  # their offset
         Float32Array,  # y
         int,  # its offset
@@ -207,13 +209,47 @@ def _meta16(b: ir.IRBuilder, aryty: types.Array, base: ir.Value, offset: ir.Valu
     return _load(b, base, offset, _vec(16, F32))
 
 
+# The float arithmetic of a tile's sums, in a fixed order: y + d (scale sums), then + low s, each
+# a multiply-add (llvm.fmuladd: one rounding where the CPU has FMA). numba's fastmath pass gives
+# every float instruction without flags all of them, and LLVM then orders the sum as the IR
+# around it suggests, so offsets derived as m * scale and the same offsets stored could round
+# apart. "contract" alone keeps an instruction out of that pass and lets nothing reorder it. The
+# order is the one LLVM chose for stored offsets (AVX-512 and AVX2), whose results stay as they
+# were.
+PINNED = ["contract"]
+
+
+def _fmuladd(b: ir.IRBuilder, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
+    """x * y + z, <16 x float> (see PINNED)."""
+    return _call(b, "llvm.fmuladd.v16f32", x.type, [x, y, z])
+
+
+def _low16(
+    context: TargetContext,
+    b: ir.IRBuilder,
+    lowty: types.Type,
+    low: ir.Value,
+    offset: ir.Value,
+    scale16: ir.Value,
+) -> ir.Value | None:
+    """A tile's 16 offsets as float32: loaded from an array (as `_meta16`), or a float32
+    multiplier times the scales (exact where the layout chose it: kernels/cpu_gemv.py), or
+    None where the offsets are 0 (no term to add)."""
+    if isinstance(lowty, types.Array):
+        return _meta16(b, lowty, _data(context, b, lowty, low), offset)
+    if lowty == types.float32:
+        return b.fmul(scale16, _broadcast(b, low, 16), flags=PINNED)
+    return None
+
+
 def _tile_kernel(rows: int, body: TileBody) -> TileKernel:
     """An intrinsic y[r, 16 columns] += scale * d_r * sums_r + low * s_r for `rows` rows, where
     body(b, codes, xrows) gives each row's 16 int32 sums of one tile and activation group.
 
     Arguments (flat 1-D arrays and element offsets): codes, code offset, xq, xq offset, xq row
     stride, xd, xs, their offset, their row stride, scale, low, their offset, y, y offset, y
-    row stride."""
+    row stride. `low` is an array as `scale` is, or a float32 m for offsets m * scale, or None
+    for offsets of 0 (the term is then left out)."""
 
     @CalledAs[TileKernel]()
     @intrinsic
@@ -234,7 +270,9 @@ def _tile_kernel(rows: int, body: TileBody) -> TileKernel:
         y: types.Type,
         yo: types.Type,
         ystep: types.Type,
-    ) -> tuple[Signature, Codegen]:
+    ) -> tuple[Signature, Codegen] | None:
+        if not isinstance(low, types.Array | types.NoneType) and low != types.float32:
+            return None  # numba says no implementation takes these arguments
         sig = types.void(codes, co, xq, xo, xstep, xd, xs, do, dstep, scale, low, wo, y, yo, ystep)
 
         def codegen(
@@ -251,17 +289,19 @@ def _tile_kernel(rows: int, body: TileBody) -> TileKernel:
             d_base = b.gep(_data(context, b, at[5], args[5]), [args[7]])
             s_base = b.gep(_data(context, b, at[6], args[6]), [args[7]])
             scale16 = _meta16(b, at[9], _data(context, b, at[9], args[9]), args[11])
-            low16 = _meta16(b, at[10], _data(context, b, at[10], args[10]), args[11])
+            low16 = _low16(context, b, at[10], args[10], args[11], scale16)
             y_base = b.gep(_data(context, b, at[12], args[12]), [args[13]])
             for r in range(rows):
                 at_r = b.mul(dstep_v, ir.Constant(dstep_v.type, r))
                 d = _broadcast(b, b.load(b.gep(d_base, [at_r])), 16)
-                s = _broadcast(b, b.load(b.gep(s_base, [at_r])), 16)
                 total = b.sitofp(sums[r], _vec(16, F32))
-                term = b.fadd(b.fmul(b.fmul(scale16, d), total), b.fmul(low16, s), flags=["fast"])
                 y_at = b.mul(ystep_v, ir.Constant(ystep_v.type, r))
                 ptr = b.bitcast(b.gep(y_base, [y_at]), _vec(16, F32).as_pointer())
-                b.store(b.fadd(b.load(ptr, align=4), term, flags=["fast"]), ptr, align=4)
+                acc = _fmuladd(b, d, b.fmul(total, scale16, flags=PINNED), b.load(ptr, align=4))
+                if low16 is not None:
+                    s = _broadcast(b, b.load(b.gep(s_base, [at_r])), 16)
+                    acc = _fmuladd(b, low16, s, acc)
+                b.store(acc, ptr, align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -328,19 +368,21 @@ tile8_block_32, tile8_row_32 = _chosen["tile8_block_32"], _chosen["tile8_row_32"
 tile8_block_16, tile8_row_16 = _chosen["tile8_block_16"], _chosen["tile8_row_16"]
 
 
-@CalledAs[Callable[[npt.NDArray[np.generic], int], None]]()
+@CalledAs[Callable[[npt.NDArray[np.generic] | Offsets, int], None]]()
 @intrinsic
 def prefetch(
     typingctx: TypingContext, ary: types.Type, index: types.Type
 ) -> tuple[Signature, Codegen]:
     """Ask for element `index` of `ary`'s buffer to be brought into cache (a hint: no fault,
     no result). For reads the hardware prefetcher does not see coming: paged K/V, block by
-    block."""
+    block. Offsets that are no array (a multiplier or None: `Offsets`) have nothing to fetch."""
     sig = types.void(ary, index)
 
     def codegen(
         context: TargetContext, b: ir.IRBuilder, signature: Signature, args: Sequence[ir.Value]
     ) -> ir.Value:
+        if not isinstance(signature.args[0], types.Array):
+            return context.get_dummy_value()
         pointer = b.gep(_data(context, b, signature.args[0], args[0]), [args[1]])
         i8p = b.bitcast(pointer, I8.as_pointer())
         # read, keep in all cache levels, data cache

@@ -201,7 +201,7 @@ class FusedCpuDecode:
             for p in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 for mat in p.matrices:
                     w = mat.w
-                    kind = (w.bits, w.codes.dtype, w.codes.ndim, w.scale.dtype)
+                    kind = (w.bits, w.codes.dtype, w.codes.ndim, w.scale.dtype, type(w.low))
                     if kind in seen:
                         continue
                     seen.add(kind)

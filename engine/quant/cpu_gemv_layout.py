@@ -3,11 +3,16 @@ built from the packed format chunk by chunk, with no second copy of the codes ke
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from kvscope.engine.quant.packed_readers import codes_of, group_scales_of
 from kvscope.kernels import cpu_gemv
 from kvscope.kernels.quant_format import QuantizedTensor
+
+if TYPE_CHECKING:
+    from kvscope.kernels.cpu_simd import Offsets  # imports numba: for the annotations only
 
 
 def gemv_layout(w: QuantizedTensor) -> cpu_gemv.QuantizedCodesT:
@@ -46,11 +51,12 @@ def gemv_layout(w: QuantizedTensor) -> cpu_gemv.QuantizedCodesT:
         s, m = group_scales_of(w, rows)
         scale[c] = _tiles_of_columns(s, width)
         low[c] = _tiles_of_columns(m + centre * s, width)
-    if w.kind in cpu_gemv.HALF_KINDS:
-        half_scale, half_low = _as_half_bits(scale), _as_half_bits(low)
-        if half_scale is not None and half_low is not None:
-            scale, low = half_scale, half_low
-    return cpu_gemv.QuantizedCodesT(codes, scale, low, g, w.bits, n)
+    offsets = _offsets(scale, low)
+    kept = [scale] + ([low] if offsets is low else [])
+    if w.kind in cpu_gemv.HALF_KINDS and all(_is_half(values) for values in kept):
+        scale = _half_bits(scale)
+        offsets = _half_bits(low) if offsets is low else offsets
+    return cpu_gemv.QuantizedCodesT(codes, scale, offsets, g, w.bits, n)
 
 
 def _tiles_of_columns(values: np.ndarray, width: int) -> np.ndarray:
@@ -80,9 +86,10 @@ def _tiles8(t: np.ndarray, a: int) -> np.ndarray:
 
 
 def _symmetric_centre(w: QuantizedTensor) -> int | None:
-    """c where every group's offset is -c times its scale (Q5_0: 16, Q8_0: 128): centring the
-    codes on it makes low exactly 0, a float16 (centring on the codes in use would not)."""
-    if w.sub_scale is not None or w.sub_min is not None:
+    """c where every group's offset is -c times its scale (Q5_0: 16, Q8_0: 128, Q6_K: 32,
+    whose sub-scales scale both): centring the codes on it makes low exactly 0, kept as no
+    array at all (centring on the codes in use would not)."""
+    if w.sub_min is not w.sub_scale:  # offsets scaled apart from the scales (Q4_K's m)
         return None
     d, offset = w.d.float().numpy(), -w.dmin.float().numpy()
     scaled = d != 0  # an all-zero group says nothing about c
@@ -94,9 +101,27 @@ def _symmetric_centre(w: QuantizedTensor) -> int | None:
     return centre
 
 
-def _as_half_bits(values: np.ndarray) -> np.ndarray | None:
-    """float32 values as float16 bits (uint16), or None where one of them is not a float16."""
-    half = values.astype(np.float16)
-    if not np.array_equal(half.astype(np.float32), values):
+def _offsets(scale: np.ndarray, low: np.ndarray) -> Offsets:
+    """low as the kernels take it (kernels/cpu_gemv.py): None where every offset is 0, a
+    float32 m where every one is exactly m * scale in float32 (a symmetric format: Q4_0's -8),
+    so that the kernels' m * scale is the value an array would have held, else low itself."""
+    if not low.any():
         return None
-    return half.view(np.uint16)
+    scaled = np.flatnonzero(scale)
+    if scaled.size:
+        m = np.float32(low.flat[scaled[0]] / scale.flat[scaled[0]])
+        with np.errstate(over="ignore"):  # an overflow is an inexact m: the array stays
+            if np.array_equal(m * scale, low):
+                return m
+    return low
+
+
+def _is_half(values: np.ndarray) -> bool:
+    """Every float32 value is exactly a float16."""
+    with np.errstate(over="ignore"):  # one past float16's range is no float16: inf != it
+        return np.array_equal(values.astype(np.float16).astype(np.float32), values)
+
+
+def _half_bits(values: np.ndarray) -> np.ndarray:
+    """float32 values, each exactly a float16 (`_is_half`), as float16 bits (uint16)."""
+    return values.astype(np.float16).view(np.uint16)

@@ -18,9 +18,11 @@ process time per call, weights hot in cache, in us; against torch's int4 kernel)
 
 i.e. 2-5x at every batch size (kernels/cpu_simd.py: vpmaddubsw, as llama.cpp multiplies; the
 int16 loops before it were on a par with torch's kernel from 4 rows on). The float32 scale and
-offset per group cost 2 bits a weight against the int4 layout's 1 (+10% on the bundled model;
-float16 for the formats in cpu_gemv.HALF_KINDS), and Q6_K's 16-element groups need no bfloat16
-dense copy (12 bits a weight instead of 16): a 7B Q4_K_M comes to 5.40 GiB against 5.28.
+offset per group cost 2 bits a weight against the int4 layout's 1 (float16 for the formats in
+cpu_gemv.HALF_KINDS; a scale alone for the symmetric ones, cpu_gemv.SYMMETRIC_KINDS: Q4_0 and
+Q8_0 as many bytes as their file), and Q6_K's 16-element groups need no bfloat16 dense copy (10
+bits a weight instead of 16): a Q4_K_M model takes less than in the int4 layout (the planner,
+Llama-2-7B's shapes: 5.23 GiB against 5.36).
 An engine built with `cpu_quant_kernel="torch"` (EngineConfig), or any engine under
 `KVSCOPE_CPU_QUANT_KERNEL=torch`, keeps torch's kernels and never compiles numba's.
 
