@@ -40,7 +40,7 @@ from kvscope.kernels import cpu_decode, cpu_gemv
 __all__ = ["BackgroundCompile", "kernels_compiled", "kernels_wanted", "prepare_cpu_kernels"]
 
 COMPILING = "Compiling the CPU kernels (once on this machine)…"
-MARKER = "kvscope-compiled.json"  # in the cache folder: every kernel below is in it
+MARKER = cpu_gemv.COMPLETE_MARKER  # in the cache folder: every kernel below is in it
 TIMES = "kvscope-compile-seconds.json"  # beside the folders: outlives a version of the sources
 # With no compile measured on this machine yet, seconds from start to done by usable cores.
 # Measured on the 2-core dev VM: 3 s to start the process, 16 s cpu_gemv, 6 s cpu_decode, 2 s
@@ -81,8 +81,9 @@ def numba_dir() -> Path:
 
 
 def kernels_compiled() -> bool:
-    """Every kernel `compile_all` compiles is in numba's disk cache (loading takes ~1 s)."""
-    return (numba_dir() / MARKER).is_file()
+    """Every kernel `compile_all` compiles is in numba's disk cache (each then loads on its
+    first call)."""
+    return cpu_gemv.cache_complete()
 
 
 def compile_all(threads: int) -> None:

@@ -40,7 +40,8 @@ def load() -> SimpleNamespace | None:
             project={4: jit.project4, 8: jit.project8},
             project_parallel={4: jit.project4_parallel, 8: jit.project8_parallel},
         )
-        _warm_up(ns)
+        if not cpu_gemv.cache_complete():  # else each loads on first use, as cpu_gemv's
+            _warm_up(ns)
     except Exception as exc:  # any numba/LLVM failure: the engine keeps torch's decode
         logger.info("fused CPU decode kernels unavailable (%s); using torch's", exc)
         return None

@@ -76,6 +76,7 @@ HALF_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0")
 # even where -8 d is none (|d| > 8188).
 SYMMETRIC_KINDS = ("Q4_0", "Q5_0", "Q8_0", "Q6_K")
 _compile_lock = threading.Lock()
+COMPLETE_MARKER = "kvscope-compiled.json"  # see cache_complete()
 
 
 # The numba-compiled modules. A kernel calling one in another module carries a compiled copy of
@@ -148,14 +149,26 @@ def compiled_before() -> bool:
     return any(where.glob("*/cpu_gemv_jit.*.nbi"))
 
 
+def cache_complete() -> bool:
+    """Whether numba's disk cache holds every kernel: engine/cpu_kernels.compile_all writes
+    COMPLETE_MARKER into the cache folder once it has compiled them all."""
+    where = Path(os.environ.get("NUMBA_CACHE_DIR") or cache_dir())  # as load() sets it
+    return (where / COMPLETE_MARKER).is_file()
+
+
 @functools.cache
 def load() -> SimpleNamespace | None:
-    """The compiled kernels, or None where numba is missing or cannot compile here."""
+    """The compiled kernels, or None where numba is missing or cannot compile here.
+
+    Where the disk cache holds every kernel (`cache_complete`), each one loads from it on its
+    first call (tens of ms), so a process loads only the variants its model runs; otherwise
+    they are all compiled here, not seconds at a time in the middle of a reply."""
     with _compile_lock:
         os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_dir()))
         try:
             ns = _build()
-            _warm_up(ns)
+            if not cache_complete():
+                _warm_up(ns)
         except Exception as exc:  # ImportError, or any numba/LLVM failure: keep torch's path
             logger.info("numba CPU kernels unavailable (%s); using torch's", exc)
             return None

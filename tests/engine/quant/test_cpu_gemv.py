@@ -2,6 +2,9 @@
 reference for every format, the engine's greedy tokens against HF float32, and the fallback to
 torch's kernels where numba is missing."""
 
+import os
+import shutil
+import subprocess
 import sys
 
 import gguf
@@ -11,6 +14,7 @@ import torch
 from tiny_models import QUANT_TYPES, random_quant_blocks
 
 from kvscope.engine import LLM, SamplingParams
+from kvscope.engine.cpu_kernels import compile_all, kernels_compiled, numba_dir
 from kvscope.engine.quant import cpu_layout as layout_module
 from kvscope.engine.quant.cpu_gemv_layout import gemv_layout
 from kvscope.engine.quant.gguf_blocks import decode_blocks, to_quantized_tensor
@@ -181,3 +185,37 @@ def test_prepare_says_when_a_first_compile_is_due(monkeypatch, tmp_path):
     monkeypatch.setenv("KVSCOPE_CPU_QUANT_KERNEL", "torch")
     cpu_kernels.prepare_cpu_kernels("cpu", lines.append)
     assert calls == ["load", "load"]
+
+
+LOADED_AFTER_LOAD = """
+import json
+from kvscope.kernels import cpu_decode, cpu_gemv
+from kvscope.kernels import cpu_decode_jit, cpu_gemv_jit
+assert cpu_decode.load() is not None
+jitted = [f for m in (cpu_gemv_jit, cpu_decode_jit) for f in vars(m).values()
+          if hasattr(f, "overloads") and f.__module__ == m.__name__]
+print(json.dumps(sum(len(f.overloads) for f in jitted)))
+"""
+
+
+def _overloads_loaded(cache, tmp_path) -> int:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "KVSCOPE_DATA_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED_AFTER_LOAD], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_complete_cache_loads_each_kernel_on_its_first_call(tmp_path):
+    """A warm launch loads only the variants its model calls (from a cache marked complete);
+    a cache not marked so has every kernel loaded or compiled at load(), not mid-reply."""
+    if not kernels_compiled():
+        compile_all(torch.get_num_threads())
+    complete = tmp_path / "complete"
+    shutil.copytree(numba_dir(), complete)
+    partial = tmp_path / "partial"
+    shutil.copytree(numba_dir(), partial)
+    (partial / cpu_gemv.COMPLETE_MARKER).unlink()
+    assert _overloads_loaded(complete, tmp_path) == 0
+    assert _overloads_loaded(partial, tmp_path) >= 20
