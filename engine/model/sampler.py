@@ -118,11 +118,12 @@ def _apply_masks_and_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torc
     grammar_only = None
     if constrained:
         idx = torch.tensor(constrained, device=scores.device)
-        masks = torch.stack([_mask(rows[i]) for i in constrained]).to(scores.device)
-        scores[idx] = scores[idx].masked_fill(~unpack_bitmask(masks, vocab), -math.inf)
-        if not bool(scores[idx].isfinite().any(-1).all()):
+        masks = torch.stack([_mask(rows[i]) for i in constrained])
+        allowed = unpack_bitmask(masks, vocab).to(scores.device)
+        if not bool(allowed.any(-1).all()):
             # Fails the batch; sample_each then fails this request alone.
             raise ValueError("the structured-output grammar allows no next token")
+        scores[idx] = torch.where(allowed, scores[idx], -math.inf)
         if todo:
             grammar_only = scores[idx].clone()
 
