@@ -6,17 +6,18 @@
 `fixed` is a step's overhead (scheduling, sampling, the model's per-step cost), `p` what a
 sequence's prompt chunk costs whatever its length (measured on the bundled model: 15 ms + 1.7 ms
 a token from 5 to 160 tokens; without `p` the fit charged 2.3 ms a token, and a what-if with
-fewer prefix hits, hence longer chunks, modelled its first tokens 13-22% late), `a` the per-token
-prefill cost, `c` a decode's per-sequence cost (its matmul rows), `d` attention over the
-context, and `b` what a prompt chunk costs extra when it runs beside decodes: on a CPU that step
-leaves the fused decode path, and a prompt token there cost ~15x one prefilled alone (issue 29's
-finding). The fit is non-negative least squares on the seconds themselves, so the long steps
-that make up most of a run's time (and of a first token's wait) weigh what they cost, and the
-fitted steps' durations add up (relative weighting fitted the many short decode steps better and
-came out 5% short over a run). Steps over 3x the median relative error of a first, relative fit
-are left out (a first step's compile, a stall). `gap_s` is the median time between the end of a
-step and the start of the next one while the engine stayed busy (the caller's loop, delivering
-outputs).
+fewer prefix hits, hence longer chunks, modelled its first tokens 13-22% late), `a` the
+per-token prefill cost, `c` a decode's per-sequence cost (its matmul rows), `d` attention over the
+context, and `b` what a prompt chunk costs extra when it runs beside decodes. `b` is fitted, not
+assumed: it depends on the kernels (such a step leaves the CPU's fused decode path; with batched
+matmuls over the chunk's rows a prompt token costs there about what it costs alone,
+PERFORMANCE.md "Mixed steps"). The fit is non-negative least squares on the seconds themselves,
+so the long steps that make up most of a run's time (and of a first token's wait) weigh what
+they cost, and the fitted steps' durations add up (relative weighting fitted the many short
+decode steps better and came out 5% short over a run). Steps over 3x the median relative error
+of a first, relative fit are left out (a first step's compile, a stall). `gap_s` is the median
+time between the end of a step and the start of the next one while the engine stayed busy (the
+caller's loop, delivering outputs).
 Its error is reported on the steps it was fitted to: the mean absolute error per step, and the
 error of the whole trace's summed durations.
 """

@@ -7,8 +7,8 @@ worker times each `engine.step()` and feeds the step's KV events to `StepSpeed.o
 engine's public event stream: StepProgress says how far each sequence got), then calls
 `end_step(seconds)`. A step that only prefills gives a prefill rate; one that only decodes gives a
 step time for its batch size; a mixed step (prompts prefilled next to decodes, as while the preset's
-users arrive) gives its own rate of tokens computed, which here ran far below the prefill rate (185
-against 3,166 tokens/s), so the preset's prefill phase is estimated from it once seen.
+users arrive) gives its own rate of tokens computed, a little below the prefill rate (the decodes'
+share of the step), so the preset's prefill phase is estimated from it once seen.
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ EMA = 0.3  # weight of a new sample: a few steps settle it, a first compile's sl
 MIN_PREFILL_TOKENS = 128
 WARM_UP_STEPS = 2  # an engine's first steps pay one-off costs (first shapes, first calls)
 MAX_STEP_S = 30.0  # a longer "step" is a stall (a first compile), not a speed
-# Until a mixed step is seen: its rate as a share of the prefill rate, as measured on this 2-core
-# CPU with the bundled model (185 / 3,166 and 131 / 2,035 tokens/s: 6%), rounded up.
-MIXED_SHARE = 0.07
+# Until a mixed step is seen: its rate as a share of the prefill rate. A prompt token costs the
+# same beside decodes as alone (PERFORMANCE.md, "Mixed steps": 0.95 ms at one thread on the
+# bundled model), and a step holds at most 256 of them beside the decodes, whose own share of the
+# step brings the mixed rate to ~0.85 of a prefill alone (264 tokens in ~300 ms against 0.95 ms
+# a token); rounded down.
+MIXED_SHARE = 0.8
 
 
 @dataclass(frozen=True)
