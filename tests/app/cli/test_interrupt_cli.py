@@ -22,9 +22,22 @@ ENTRIES = {
 }
 
 
+def _as_from_a_terminal() -> None:
+    """The child takes SIGINT as a command run from a shell prompt does. A suite started in the
+    background of a non-interactive shell (`make test &`) inherits SIGINT ignored, and Python
+    then rightly leaves it ignored: Ctrl-C never reaches a background job."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(cmd: list[str], after_s: float, env: dict[str, str]) -> tuple[int, str, float]:
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=_as_from_a_terminal,  # one signal() call: takes no lock in the child
+    )
     time.sleep(after_s)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -61,7 +74,13 @@ def test_ctrl_c_during_a_long_whatif_exits_130_with_one_line(entry, tmp_path):
     cmd = [*ENTRIES[entry], "whatif", str(trace), "--set", "max_batched_tokens=1", "--jobs", "1"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=_as_from_a_terminal,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:  # its first lines: the trace is read, the simulations start
         if line.startswith(b"cost model:"):
