@@ -71,9 +71,12 @@ run: setup
 # still run once): the engine runs on one thread on a 2-core machine (engine/cpu_threads.py), so a
 # serial run would leave a core idle. Measured on the 2-core dev machine, quiet: the whole suite
 # in 12 min 12 s with two workers. TEST_WORKERS=0 runs it in this process.
+# A worker that crashes ends the run, the test it died in named: under --dist loadfile,
+# pytest-xdist 3.8's replacement for a crashed worker can wait for work forever
+# (pytest-dev/pytest-xdist#784), and CI would run out its clock saying nothing.
 TEST_WORKERS ?= 2
 test: setup lint vllm-wheel client-venv
-	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0
 
 # Agent frameworks as users run them, unmodified, in a venv of their own (their pins are not
 # ours): tests/app/serve/test_agent_clients.py drives `kvscope serve` through them.

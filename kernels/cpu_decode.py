@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -27,7 +29,9 @@ def load() -> SimpleNamespace | None:
         return None
     try:
         from kvscope.kernels import cpu_decode_jit as jit
+        from kvscope.kernels import numba_cache_guard
 
+        numba_cache_guard.guard(jit, Path(os.environ["NUMBA_CACHE_DIR"]))  # as cpu_gemv's
         ns = SimpleNamespace(
             numba=gemv.numba,
             add_norm_quantize=jit.add_norm_quantize,

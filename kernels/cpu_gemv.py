@@ -84,6 +84,9 @@ COMPLETE_MARKER = "kvscope-compiled.json"  # see cache_complete()
 # would outlive an edit of cpu_gemv_jit.py's chunk4 (a new layout read the old way). So the
 # cache has one folder per version of these sources.
 JIT_SOURCES = (
+    # how the cache is written: a folder written before numba_cache_guard may hold an entry
+    # that another process mislabelled
+    "numba_cache_guard.py",
     "cpu_simd.py",
     "cpu_meta_jit.py",
     "cpu_gemv_jit.py",
@@ -180,6 +183,10 @@ def _build() -> SimpleNamespace:
 
     from kvscope.kernels import cpu_dequant_jit as dequant
     from kvscope.kernels import cpu_gemv_jit as jit
+    from kvscope.kernels import numba_cache_guard
+
+    for module in (jit, dequant):
+        numba_cache_guard.guard(module, Path(os.environ["NUMBA_CACHE_DIR"]))
 
     return SimpleNamespace(
         numba=numba,
