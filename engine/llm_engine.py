@@ -38,7 +38,7 @@ from kvscope.engine.sizing.kv_pool import kv_layout, size_kv_pool
 from kvscope.engine.sizing.model_build import build_model, free_memory, kv_pool_bytes
 from kvscope.engine.sizing.weight_plan import weights_quantized
 from kvscope.engine.structured.compiler import CompiledGrammar, GrammarCompiler
-from kvscope.engine.structured.step_masks import StepMasks
+from kvscope.engine.structured.step_masks import StepMasks, TokenMask
 from kvscope.engine.trace import PoolCounts, StepShape, TraceLog, TraceSettings
 
 
@@ -104,7 +104,10 @@ class LLMEngine:
         grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_token_ids)
         # Through `grammars`, not self: the engine must not sit in a reference cycle (it is
         # freed by reference counting alone, tests/engine/test_engine_teardown.py).
-        self.grammars, self.step_masks = grammars, StepMasks(lambda: grammars.mask_vocab_size)
+        self.grammars, self.step_masks = (
+            grammars,
+            StepMasks(lambda: grammars.mask_vocab_size, mc.vocab_size),
+        )
         # Always on and bounded: what a what-if replay of this session needs (engine.whatif).
         self.trace = TraceLog(TraceSettings.of_engine(self))
         # Fixed once built; computed here so stats() stays cheap at the app's 10 Hz.
@@ -331,7 +334,7 @@ class LLMEngine:
             parent.request.pending_forks = []
         return out_seqs, logits[torch.tensor(rows, device=logits.device)]
 
-    def _start_masks(self, batch: ScheduledBatch) -> Future[dict[int, torch.Tensor]] | None:
+    def _start_masks(self, batch: ScheduledBatch) -> Future[dict[int, TokenMask]] | None:
         """Begin the masks of the constrained sequences this step will sample from (those
         whose last token it computes), to be ready when the forward pass is done."""
         matchers = [
@@ -342,7 +345,7 @@ class LLMEngine:
         return self.step_masks.start(matchers) if matchers else None
 
     def _add_masks(
-        self, rows: list[SamplingRow], seqs: list[Sequence], masks: dict[int, torch.Tensor]
+        self, rows: list[SamplingRow], seqs: list[Sequence], masks: dict[int, TokenMask]
     ) -> None:
         late = [(s.seq_id, s.grammar) for s in seqs if s.grammar and s.seq_id not in masks]
         if late:  # samples forked this step: the same state as their parent, filled now

@@ -22,8 +22,8 @@ from kvscope.app.bench.machine import ContentionMeter, machine_info
 from kvscope.app.bench.plot import plot_bench
 from kvscope.app.bench.roofline import decode_roofline, measure_read_bandwidth
 from kvscope.app.bench.sharing_bench import measure_fork_blocks, measure_prefix_ttft
+from kvscope.app.bench.structured_bench import FREE_REQUESTS_TARGET, measure_structured
 from kvscope.app.bench.structured_bench import THROUGHPUT_TARGET as STRUCTURED_TARGET
-from kvscope.app.bench.structured_bench import measure_structured
 from kvscope.app.bench.workload import load_chat_workload
 from kvscope.app.core.defaults import default_max_model_len
 from kvscope.engine import LLM, SamplingParams
@@ -249,6 +249,9 @@ def benchmark(
     if structured is not None:  # skipped: no target, rather than one with no ratio
         targets["structured_half_vs_unconstrained"] = _target(
             structured["mixed_over_unconstrained"], STRUCTURED_TARGET
+        )
+        targets["structured_free_requests_beside_constrained"] = _target(
+            structured["free_requests_ratio"], FREE_REQUESTS_TARGET
         )
     report = {
         "machine": info | {"cpu_stall_share": meter.stall_share},

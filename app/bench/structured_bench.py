@@ -17,6 +17,9 @@ from kvscope.engine import LLM, SamplingParams, StructuredOutputsParams
 
 NUM_REQUESTS = 16
 THROUGHPUT_TARGET = 0.85  # mixed output tok/s over all-unconstrained
+# An unconstrained request's decode rate beside constrained ones over its rate without them:
+# no slower.
+FREE_REQUESTS_TARGET = 1.0
 # Eight sentences of 40-80 characters: no valid reply is shorter than ~100 tokens.
 LONG_SCHEMA: dict[str, Any] = {
     "type": "object",

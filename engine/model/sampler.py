@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from kvscope.engine.sampling_params import SamplingParams
-from kvscope.engine.structured.step_masks import unpack_bitmask
+from kvscope.engine.structured.batch_masks import BatchMasks
+from kvscope.engine.structured.step_masks import TokenMask
 
 # Top-k / top-p look at the best few candidates before sorting a whole row: on a 2-core CPU a
 # full sort of a 49k vocabulary costs ~2 ms a row, topk(64) a twentieth of that, and most nuclei
@@ -34,9 +35,8 @@ class SamplingRow:
     num_prompt_tokens: int = 0
     # Token ids that may not be sampled now: EOS and stop_token_ids before min_tokens is reached.
     banned: Collection[int] = ()
-    # A structured-output request's allowed next tokens: int32 bitmask words (bit i of word w
-    # is token 32w+i), on the CPU (engine.structured.step_masks).
-    grammar_mask: torch.Tensor | None = None
+    # A structured-output request's allowed next tokens (engine/structured/step_masks.py).
+    grammar_mask: TokenMask | None = None
 
 
 @dataclass
@@ -57,22 +57,34 @@ class Sampler:
             return []
         logits = logits.float()
         # vLLM's order: masks and biases, then penalties; logits itself stays raw for logprobs.
-        scores = _apply_masks_and_bias(logits, rows)
+        # A grammar's masks come last (engine/structured/batch_masks.py says why that is the same).
+        grammar = BatchMasks.of([r.grammar_mask for r in rows], logits.shape[1], logits.device)
+        scores = _apply_bias(logits, rows)
         scores = _apply_repetition_penalty(scores, rows)
         scores = _apply_output_penalties(scores, logits, rows)
+        if grammar is not None:
+            _let_the_grammar_rule(scores, logits, rows, grammar)
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if len(random_rows) == len(rows):
-            tokens = self._sample(scores, rows)
+            tokens = self._sample(scores, rows, grammar)
         else:
+            if grammar is not None:
+                if scores is logits:
+                    scores = logits.clone()
+                grammar.apply_(scores)
             tokens = scores.argmax(-1)  # greedy rows keep this; random rows are overwritten
             if random_rows:
                 idx = torch.tensor(random_rows, device=logits.device)
-                tokens[idx] = self._sample(scores[idx], [rows[i] for i in random_rows])
+                tokens[idx] = self._sample(scores[idx], [rows[i] for i in random_rows], None)
         return _results(logits, tokens, rows)
 
-    def _sample(self, scores: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    def _sample(
+        self, scores: torch.Tensor, rows: list[SamplingRow], grammar: BatchMasks | None
+    ) -> torch.Tensor:
         temperature = [r.params.temperature for r in rows]
         scores = scores / torch.tensor(temperature, device=scores.device).unsqueeze(1)
+        if grammar is not None:  # on the new tensor: the raw logits are never written
+            grammar.apply_(scores)
         cutoff = _filter_cutoff(scores, [r.params for r in rows])
         if cutoff is not None:
             scores.masked_fill_(scores < cutoff.unsqueeze(1), -math.inf)
@@ -101,31 +113,14 @@ class Sampler:
         return noise.log_().neg_()
 
 
-def _apply_masks_and_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """A structured-output grammar's mask (before everything else, as vLLM applies it), then
-    vLLM's allowed_token_ids mask, min_tokens' mask of the stop tokens and logit_bias (added, as
-    vLLM's LogitBiasLogitsProcessor does). A new tensor when any row asks."""
-    todo = [
-        i
-        for i, r in enumerate(rows)
-        if r.banned or r.params.logit_bias or r.params.allowed_token_ids is not None
-    ]
-    constrained = [i for i, r in enumerate(rows) if r.grammar_mask is not None]
-    if not todo and not constrained:
+def _apply_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """vLLM's allowed_token_ids mask, min_tokens' mask of the stop tokens and logit_bias (added,
+    as vLLM's LogitBiasLogitsProcessor does). A new tensor when any row asks."""
+    todo = [i for i, r in enumerate(rows) if _biased(r)]
+    if not todo:
         return logits
     scores = logits.clone()
     vocab = scores.shape[1]
-    grammar_only = None
-    if constrained:
-        idx = torch.tensor(constrained, device=scores.device)
-        masks = torch.stack([_mask(rows[i]) for i in constrained])
-        allowed = unpack_bitmask(masks, vocab).to(scores.device)
-        if not bool(allowed.any(-1).all()):
-            # Fails the batch; sample_each then fails this request alone.
-            raise ValueError("the structured-output grammar allows no next token")
-        scores[idx] = torch.where(allowed, scores[idx], -math.inf)
-        if todo:
-            grammar_only = scores[idx].clone()
 
     def ids_of(values: Iterable[int]) -> torch.Tensor:
         # Like the repetition penalty, ignore ids the logits have no column for.
@@ -145,18 +140,27 @@ def _apply_masks_and_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torc
             inside = {t: b for t, b in params.logit_bias.items() if t < vocab}
             bias = torch.tensor(list(inside.values()), device=scores.device)
             scores[i, ids_of(inside)] += bias  # dict keys are distinct: no id is added twice
-    if grammar_only is not None:
-        # The grammar is the hard rule: where the other masks (min_tokens banning EOS when the
-        # grammar allows only EOS) leave a constrained row nothing, they give way.
-        dead = ~scores[idx].isfinite().any(-1)
-        if bool(dead.any()):
-            scores[idx[dead]] = grammar_only[dead]
     return scores
 
 
-def _mask(row: SamplingRow) -> torch.Tensor:
-    assert row.grammar_mask is not None  # only constrained rows are asked
-    return row.grammar_mask
+def _biased(row: SamplingRow) -> bool:
+    return bool(row.banned or row.params.logit_bias or row.params.allowed_token_ids is not None)
+
+
+def _let_the_grammar_rule(
+    scores: torch.Tensor, logits: torch.Tensor, rows: list[SamplingRow], grammar: BatchMasks
+) -> None:
+    """The grammar is the hard rule: where the other masks (min_tokens banning EOS when the
+    grammar allows only EOS) leave a constrained row nothing, they give way, and that row keeps
+    its penalties alone. `scores` is a new tensor wherever a row was masked."""
+    for j, i in enumerate(grammar.rows):
+        if not _biased(rows[i]) or grammar.allowed_any(j, scores[i]):
+            continue
+        raw = logits[i : i + 1]
+        unmasked = _apply_output_penalties(
+            _apply_repetition_penalty(raw, [rows[i]]), raw, [rows[i]]
+        )
+        scores[i] = unmasked[0]
 
 
 def _apply_output_penalties(

@@ -10,7 +10,7 @@ import torch
 from kvscope.engine.model.sampler import (
     Sampler,
     SamplingRow,
-    _apply_masks_and_bias,
+    _apply_bias,
     _apply_output_penalties,
 )
 from kvscope.engine.sampling_params import SamplingParams
@@ -35,7 +35,7 @@ def test_masks_and_bias_match_a_brute_force_reference():
         SamplingRow(SamplingParams(), [], None),
         SamplingRow(SamplingParams(allowed_token_ids=[1, 2], logit_bias={1: 0.25}), [], None),
     ]
-    got = _apply_masks_and_bias(logits, rows)
+    got = _apply_bias(logits, rows)
     want = logits.clone()
     for i, row in enumerate(rows):
         allowed = row.params.allowed_token_ids

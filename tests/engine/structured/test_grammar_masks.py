@@ -4,13 +4,19 @@ constraint's fields against vLLM's StructuredOutputsParams."""
 import dataclasses
 
 import llguidance
+import numpy as np
 import pytest
 import torch
 import vllm_code
 
 from kvscope.engine import ParamError, StructuredOutputsParams
 from kvscope.engine.structured.compiler import GrammarCompiler
-from kvscope.engine.structured.step_masks import StepMasks, bitmask_words, unpack_bitmask
+from kvscope.engine.structured.step_masks import (
+    StepMasks,
+    bitmask_words,
+    token_masks,
+    unpack_bitmask,
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +35,15 @@ def test_step_masks_are_the_matchers_own_bitmask(compiler, default_model_lazy):
     for text in ("", '{"', 'a":', "12"):
         for token in tokenizer.encode(text, add_special_tokens=False):
             assert ours.accept(token) and theirs.consume_token(token)
-        mask = StepMasks(lambda: compiler.mask_vocab_size).fill([(7, ours)])[7]
+        columns = default_model_lazy.config.vocab_size
+        mask = StepMasks(lambda: compiler.mask_vocab_size, columns).fill([(7, ours)])[7]
         expected = torch.frombuffer(bytearray(theirs.compute_bitmask()), dtype=torch.int32)
-        assert torch.equal(mask, expected[: mask.numel()])
+        assert torch.equal(mask.bitmask, expected[: mask.bitmask.numel()])
+        # the row the sampler adds: 0 on the allowed tokens, -inf on every other
+        allowed = unpack_bitmask(mask.bitmask[None], columns)[0]
+        assert torch.equal(mask.additive == 0, allowed)
+        assert torch.isneginf(mask.additive[~allowed]).all()
+        assert mask.allows_any == bool(allowed.any())
 
 
 def test_unpacked_bits_name_the_allowed_tokens():
@@ -82,3 +94,21 @@ def test_listed_objects_are_closed_as_xgrammar_strict_mode_does():
     )
     assert params.grammar_text().count('"additionalProperties":false') == 2
     assert params.grammar_text().count('"additionalProperties":true') == 1
+
+
+def test_token_masks_agree_with_the_unpacked_bits_at_any_width():
+    """The sampler's rows and the allows-any flag (read from whole words) against the bits,
+    for logits narrower and wider than the bitmask and rows allowing one token or none."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        words = int(torch.randint(1, 8, (1,), generator=g))
+        allowed = torch.rand(5, words * 32, generator=g) < 0.02
+        allowed[0] = False
+        allowed[1] = False
+        allowed[1, int(torch.randint(0, words * 32, (1,), generator=g))] = True
+        packed = np.packbits(allowed.numpy(), axis=1, bitorder="little").view(np.int32).copy()
+        columns = int(torch.randint(1, words * 32 + 40, (1,), generator=g))
+        want = unpack_bitmask(torch.from_numpy(packed), columns)
+        for row, mask in enumerate(token_masks(torch.from_numpy(packed), columns)):
+            assert torch.equal(mask.additive == 0, want[row])
+            assert mask.allows_any == bool(want[row].any())
