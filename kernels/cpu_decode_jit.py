@@ -33,7 +33,8 @@ from kvscope.kernels.cpu_gemv_jit import (
     rounded8,
     rounded8_parallel,
 )
-from kvscope.kernels.cpu_simd import Float32Array, Int8Array, MetaArray, Offsets, prefetch
+from kvscope.kernels.cpu_meta import Offsets, Scales
+from kvscope.kernels.cpu_simd import Float32Array, Int8Array, prefetch
 
 Int32Array: TypeAlias = npt.NDArray[np.int32]
 
@@ -141,7 +142,7 @@ def _scatter(tmp: Float32Array, y: Float32Array, col0: int, n: int) -> None:
 @njit(**opts)
 def project4(
     codes: Codes4,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     group: int,
     n: int,
@@ -161,7 +162,7 @@ def project4(
 @njit(**opts)
 def project8(
     codes: Codes8,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     group: int,
     n: int,
@@ -180,7 +181,7 @@ def project8(
 @njit(**opts)
 def project4_parallel(
     codes: Codes4,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     group: int,
     n: int,
@@ -199,7 +200,7 @@ def project4_parallel(
 @njit(**opts)
 def project8_parallel(
     codes: Codes8,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     group: int,
     n: int,

@@ -9,8 +9,8 @@ import numpy as np
 from numba import njit, prange
 
 from kvscope.kernels.cpu_gemv_jit import TILE, Bf16Array, Codes4, Codes8, opts
-from kvscope.kernels.cpu_meta_jit import as_f32, low_at, low_part
-from kvscope.kernels.cpu_simd import MetaArray, Offsets
+from kvscope.kernels.cpu_meta import Offsets, Scales
+from kvscope.kernels.cpu_meta_jit import low_at, meta_part, scale_at
 
 
 @njit(inline="always", **opts)
@@ -21,7 +21,7 @@ def _bf16_bits(v: np.uint32) -> np.uint16:
 
 @njit(**opts)
 def dequantize4_bf16(
-    codes: Codes4, scale: MetaArray, low: Offsets, group: int, out: Bf16Array
+    codes: Codes4, scale: Scales, low: Offsets, group: int, out: Bf16Array
 ) -> None:
     """dequantize4 as bfloat16 bits (uint16), W itself: out [Nc, K], one column's 32 weights of
     a tile's group at a time, written to its row of W in order. A column's group has one scale
@@ -38,7 +38,7 @@ def dequantize4_bf16(
             g = b * 32 // group
             v = codes[t, b]
             for n in range(TILE):
-                s = as_f32(scale[t, g, n])
+                s = scale_at(scale, t, g, n)
                 lo = low_at(low, t, g, n, s)
                 for q in range(16):
                     values[q] = s * np.float32(q) + lo
@@ -54,7 +54,7 @@ def dequantize4_bf16(
 
 @njit(**opts)
 def dequantize8_bf16(
-    codes: Codes8, scale: MetaArray, low: Offsets, group: int, out: Bf16Array
+    codes: Codes8, scale: Scales, low: Offsets, group: int, out: Bf16Array
 ) -> None:
     """dequantize8 as bfloat16 bits (uint16), W itself: out [Nc, K], a column's A weights of a
     tile's group at a time (as dequantize4_bf16)."""
@@ -70,7 +70,7 @@ def dequantize8_bf16(
                 for j in range(a // 4):
                     at = 32 * (2 * j + n // 8) + base
                     g = (b * a + 4 * j) // group  # a group holds 4 k at least (Q6_K: 16)
-                    s = as_f32(scale[t, g, n])
+                    s = scale_at(scale, t, g, n)
                     lo = low_at(low, t, g, n, s)
                     for e in range(4):
                         values[4 * j + e] = s * np.float32(np.int32(v[at + e])) + lo
@@ -81,22 +81,30 @@ def dequantize8_bf16(
 
 @njit(parallel=True, **opts)
 def dequantize4_bf16_parallel(
-    codes: Codes4, scale: MetaArray, low: Offsets, group: int, out: Bf16Array
+    codes: Codes4, scale: Scales, low: Offsets, group: int, out: Bf16Array
 ) -> None:
     """Every chunk's W into out [chunks * Nc, K] bfloat16 bits, chunks shared among threads."""
     width = codes.shape[1] * TILE
     for c in prange(codes.shape[0]):
         dequantize4_bf16(
-            codes[c], scale[c], low_part(low, c), group, out[c * width : (c + 1) * width]
+            codes[c],
+            meta_part(scale, c),
+            meta_part(low, c),
+            group,
+            out[c * width : (c + 1) * width],
         )
 
 
 @njit(parallel=True, **opts)
 def dequantize8_bf16_parallel(
-    codes: Codes8, scale: MetaArray, low: Offsets, group: int, out: Bf16Array
+    codes: Codes8, scale: Scales, low: Offsets, group: int, out: Bf16Array
 ) -> None:
     width = codes.shape[1] * TILE
     for c in prange(codes.shape[0]):
         dequantize8_bf16(
-            codes[c], scale[c], low_part(low, c), group, out[c * width : (c + 1) * width]
+            codes[c],
+            meta_part(scale, c),
+            meta_part(low, c),
+            group,
+            out[c * width : (c + 1) * width],
         )

@@ -19,6 +19,12 @@ Layout (one matrix, out_features N, in_features K, weight group G, activation gr
             compute m * scale, or None where it is 0 (centred 8-bit codes) and they add nothing
                                         w[k, n] = scale * code + low   (c folded into low)
 
+Q4_K and Q5_K (`SUPER_KINDS`) keep their file's parts per column: scale = (uint8 sc [C, Nc/16,
+K/G, 16], float16 bits d [C, Nc/16, K/S, 16]), low = (uint8 m, float16 bits dmin (the format's:
+-dmin of the file), float32 c), S = SUB_GROUPS * G; the kernels compute d * sc and dmin * m +
+c * scale, the float32 operations (so the bits) the layout stored before (kernels/cpu_meta_jit.py):
+Q4_K takes 148 bytes per 256 weights where the file holds 144, and float32 ones took 192.
+
 i.e. the matrix transposed and split into C column chunks of Nc columns, each chunk contiguous.
 The chunks are what threads share out (numba's prange over chunks); one thread walks them in
 turn at no measured cost.
@@ -28,8 +34,8 @@ not only their number: a chunk's codes, and separately its scales, are each read
 order, one stream the hardware prefetcher follows (16 byte rows of Nc bytes read side by side,
 an earlier layout, were 16 short streams it did not: 16.5 against 8.2 ms for the bundled model's
 120 matrices at one row). float16 scales and offsets cut 8 of a Q4 group's 24 bytes per column
-to 4, at no cost in exactness where the format's own d and m are float16 (K-quants' d *
-sub-scale is not: float32). A symmetric format keeps its scale alone, as its file does (Q4_0:
+to 4, at no cost in exactness where the format's own d and m are float16 (K-quants' d * sc is
+not: they keep d and sc apart). A symmetric format keeps its scale alone, as its file does (Q4_0:
 18 bytes per 32 weights, Q8_0: 34): m * scale is exact in float32 (m is -8 or 0), so the
 products are the ones a stored offset gave (kernels/cpu_simd.py's PINNED), and the kernels read
 no more bytes than the file holds, but for codes widened to a byte (Q5_0, Q6_K).
@@ -52,13 +58,20 @@ import os
 import threading
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
 import numpy as np
 import platformdirs
 
-if TYPE_CHECKING:
-    from kvscope.kernels.cpu_simd import Offsets  # imports numba: for the annotations only
+from kvscope.kernels.cpu_meta import (
+    SUB_GROUPS,
+    SUPER_KINDS,
+    Offsets,
+    Scales,
+    check_super_blocks,
+    meta_bytes,
+    meta_of,
+    super_examples,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +100,8 @@ JIT_SOURCES = (
     # how the cache is written: a folder written before numba_cache_guard may hold an entry
     # that another process mislabelled
     "numba_cache_guard.py",
+    "cpu_meta.py",  # SUB_GROUPS, which the kernels compile in
+    "cpu_meta_ir.py",
     "cpu_simd.py",
     "cpu_meta_jit.py",
     "cpu_gemv_jit.py",
@@ -137,9 +152,12 @@ def installed() -> bool:
 
 def layout_bytes(n: int, k: int, bits: int, group: int, kind: str | None = None) -> int:
     """Bytes of one [n, k] matrix in this layout: codes, and per group a scale and, except for
-    `SYMMETRIC_KINDS`, an offset (float16 for `HALF_KINDS`, float32 otherwise)."""
+    `SYMMETRIC_KINDS`, an offset (float16 for `HALF_KINDS`, float32 otherwise); for
+    `SUPER_KINDS` a byte sc and m per group and a float16 d and dmin per super-block."""
     chunks, width = chunking(n)
     columns = chunks * width
+    if kind in SUPER_KINDS and k % (SUB_GROUPS * group) == 0:
+        return columns * (k * bits // 8 + 2 * (k // group) + 2 * 2 * (k // group // SUB_GROUPS))
     meta = 2 if kind in HALF_KINDS else 4
     arrays = 1 if kind in SYMMETRIC_KINDS else 2
     return columns * k * bits // 8 + arrays * meta * columns * (k // group)
@@ -227,17 +245,33 @@ def _warm_up(ns: SimpleNamespace) -> None:
                 dequantize_bf16(ns, w, threads)
 
 
-def meta_examples(bits: int, shape: tuple[int, ...]) -> list[tuple[np.ndarray, Offsets]]:
+def meta_examples(bits: int, shape: tuple[int, ...]) -> list[tuple[Scales, Offsets]]:
     """(scale, low) of [C, Nc/16, K/G, 16], zeros, in each pair of types the layouts of
     `bits`-bit codes take (engine/quant/cpu_gemv_layout.py), for the warm-ups: numba compiles a
     kernel once per pair."""
     single, half = np.zeros(shape, np.float32), np.zeros(shape, np.uint16)
-    pairs: list[tuple[np.ndarray, Offsets]] = [(single, single.copy())]  # K-quants, int4/8
+    # int4/8 and K-quants whose d is no float16; Q4_K, Q5_K
+    pairs: list[tuple[Scales, Offsets]] = [(single, single.copy()), super_examples(shape)]
     if bits == 4:
         pairs += [(half, half.copy()), (half, np.float32(-8))]  # Q4_1; Q4_0
     else:
         pairs += [(half, None), (single, None)]  # Q5_0, Q8_0; Q6_K
     return pairs
+
+
+def _check_meta(scale: np.ndarray, low: Offsets, codes: tuple[int, ...]) -> None:
+    """Raises ValueError unless scale and low are arrays of groups of codes of shape `codes`,
+    or low a multiplier or None (the module doc)."""
+    fits = scale.ndim == 4 and scale.shape[:2] == codes[:2] and scale.shape[3] == TILE
+    if isinstance(low, np.ndarray):
+        fits = fits and scale.shape == low.shape and scale.dtype == low.dtype
+    elif low is not None and not isinstance(low, np.float32):
+        raise ValueError(f"low must be an array, a float32 multiplier or None, not {low!r}")
+    if not fits:
+        shape = low.shape if isinstance(low, np.ndarray) else low
+        raise ValueError(f"scale {scale.shape} and low {shape} do not fit {codes}")
+    if scale.dtype not in (np.float32, np.uint16):
+        raise ValueError(f"scale must be float32 or float16 bits (uint16), not {scale.dtype}")
 
 
 class QuantizedCodesT:
@@ -246,7 +280,7 @@ class QuantizedCodesT:
     def __init__(
         self,
         codes: np.ndarray,
-        scale: np.ndarray,
+        scale: Scales,
         low: Offsets,
         group: int,
         bits: int,
@@ -259,16 +293,10 @@ class QuantizedCodesT:
         per_block = 256 if bits == 4 else TILE * depth  # bytes
         if codes.ndim != 4 or depth not in (16, 32) or codes.shape[3] != per_block:
             raise ValueError(f"{bits}-bit codes {codes.shape} are not [chunks, tiles, K/A, A*16]")
-        fits = scale.ndim == 4 and scale.shape[:2] == (chunks, tiles) and scale.shape[3] == TILE
-        if isinstance(low, np.ndarray):
-            fits = fits and scale.shape == low.shape and scale.dtype == low.dtype
-        elif low is not None and not isinstance(low, np.float32):
-            raise ValueError(f"low must be an array, a float32 multiplier or None, not {low!r}")
-        if not fits:
-            shape = low.shape if isinstance(low, np.ndarray) else low
-            raise ValueError(f"scale {scale.shape} and low {shape} do not fit {codes.shape}")
-        if scale.dtype not in (np.float32, np.uint16):
-            raise ValueError(f"scale must be float32 or float16 bits (uint16), not {scale.dtype}")
+        if isinstance(scale, tuple) or isinstance(low, tuple):
+            check_super_blocks(scale, low, chunks, tiles)
+        else:
+            _check_meta(scale, low, codes.shape)
         self.codes, self.scale, self.low = codes, scale, low
         self.group, self.bits = group, bits
         self.n = chunks * tiles * TILE if n is None else n
@@ -291,12 +319,15 @@ class QuantizedCodesT:
 
     @property
     def nbytes(self) -> int:
-        offsets = self.low.nbytes if isinstance(self.low, np.ndarray) else 0
-        return self.codes.nbytes + self.scale.nbytes + offsets
+        return self.codes.nbytes + meta_bytes(self.scale) + meta_bytes(self.low)
+
+    def scale_of(self, chunk: int) -> Scales:
+        """One chunk's scales: its part of the array, or of each super-block array."""
+        return meta_of(self.scale, chunk)
 
     def low_of(self, chunk: int) -> Offsets:
-        """One chunk's offsets: its part of the array, or the multiplier or None as they are."""
-        return self.low[chunk] if isinstance(self.low, np.ndarray) else self.low
+        """One chunk's offsets: its part of the array(s), or the multiplier or None as they are."""
+        return meta_of(self.low, chunk)
 
 
 def matmul(ns: SimpleNamespace, w: QuantizedCodesT, x: np.ndarray, threads: int) -> np.ndarray:
@@ -343,7 +374,7 @@ def dequantize_t(ns: SimpleNamespace, w: QuantizedCodesT, chunk: int | None = No
     if len(picked) == 1:
         c = picked[0]
         out = np.empty((w.k, width), np.float32)
-        ns.dequantize[w.bits](w.codes[c], w.scale[c], w.low_of(c), w.group, out)
+        ns.dequantize[w.bits](w.codes[c], w.scale_of(c), w.low_of(c), w.group, out)
         return out
     out = np.empty((w.k, chunks * width), np.float32)
     for c in picked:
@@ -362,5 +393,5 @@ def dequantize_bf16(ns: SimpleNamespace, w: QuantizedCodesT, threads: int) -> np
         width = w.width
         for c in range(w.codes.shape[0]):
             chunk = out[c * width : (c + 1) * width]
-            ns.dequantize_bf16[w.bits](w.codes[c], w.scale[c], w.low_of(c), w.group, chunk)
+            ns.dequantize_bf16[w.bits](w.codes[c], w.scale_of(c), w.low_of(c), w.group, chunk)
     return out

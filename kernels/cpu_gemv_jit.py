@@ -12,13 +12,12 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit, prange
 
-from kvscope.kernels.cpu_meta_jit import as_f32, low_at, low_flat, low_part
+from kvscope.kernels.cpu_meta import Offsets, Scales
+from kvscope.kernels.cpu_meta_jit import low_at, meta_flat, meta_part, scale_at
 from kvscope.kernels.cpu_simd import (
     ROW_BLOCK,
     Float32Array,
     Int8Array,
-    MetaArray,
-    Offsets,
     prefetch,
     tile4_block,
     tile4_row,
@@ -96,7 +95,7 @@ def quantize_rows(
 @njit(**opts)
 def chunk4(
     codes: Codes4,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
@@ -114,10 +113,11 @@ def chunk4(
     tiles, groups = codes.shape[0], codes.shape[1]
     m_rows, k = xq.shape
     nc = y.shape[1]
-    per_weight_group, weight_groups = group // 32, scale.shape[1]
+    per_weight_group = group // 32
+    weight_groups = groups // per_weight_group
     flat, xflat, yflat = codes.reshape(-1), xq.reshape(-1), y.reshape(-1)
     dflat, sflat = xd.reshape(-1), xs.reshape(-1)
-    sc, lw = scale.reshape(-1), low_flat(low)
+    sc, lw = meta_flat(scale), meta_flat(low)
     for i in range(yflat.shape[0]):
         yflat[i] = 0.0
     rows = rows_per_pass(k, m_rows)
@@ -175,7 +175,7 @@ def chunk4(
 @njit(**opts)
 def chunk8(
     codes: Codes8,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
@@ -189,10 +189,11 @@ def chunk8(
     m_rows, k = xq.shape
     a = k // groups
     nc = y.shape[1]
-    per_weight_group, weight_groups = group // a, scale.shape[1]
+    per_weight_group = group // a
+    weight_groups = groups // per_weight_group
     flat, xflat, yflat = codes.reshape(-1), xq.reshape(-1), y.reshape(-1)
     dflat, sflat = xd.reshape(-1), xs.reshape(-1)
-    sc, lw = scale.reshape(-1), low_flat(low)
+    sc, lw = meta_flat(scale), meta_flat(low)
     for i in range(yflat.shape[0]):
         yflat[i] = 0.0
     rows = rows_per_pass(k, m_rows)
@@ -328,7 +329,7 @@ def rounded(x: Float32Array, act_group: int) -> tuple[Int8Array, Float32Array, F
 @njit(**opts)
 def rounded4(
     codes: Codes4,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
@@ -338,14 +339,14 @@ def rounded4(
 ) -> None:
     """y float32 [chunks, M, Nc] from activations already rounded (xq, xd, xs), one thread;
     shared with the fused decode (kernels/cpu_decode_jit.py), which rounds them itself."""
-    for c in range(scale.shape[0]):
-        chunk4(codes[c], scale[c], low_part(low, c), xq, xd, xs, group, y[c])
+    for c in range(codes.shape[0]):
+        chunk4(codes[c], meta_part(scale, c), meta_part(low, c), xq, xd, xs, group, y[c])
 
 
 @njit(**opts)
 def rounded8(
     codes: Codes8,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
@@ -353,14 +354,14 @@ def rounded8(
     group: int,
     y: Float32Array,
 ) -> None:
-    for c in range(scale.shape[0]):
-        chunk8(codes[c], scale[c], low_part(low, c), xq, xd, xs, group, y[c])
+    for c in range(codes.shape[0]):
+        chunk8(codes[c], meta_part(scale, c), meta_part(low, c), xq, xd, xs, group, y[c])
 
 
 @njit(parallel=True, **opts)
 def rounded4_parallel(
     codes: Codes4,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
@@ -369,14 +370,14 @@ def rounded4_parallel(
     y: Float32Array,
 ) -> None:
     """rounded4 with the chunks shared among numba's threads."""
-    for c in prange(scale.shape[0]):
-        chunk4(codes[c], scale[c], low_part(low, c), xq, xd, xs, group, y[c])
+    for c in prange(codes.shape[0]):
+        chunk4(codes[c], meta_part(scale, c), meta_part(low, c), xq, xd, xs, group, y[c])
 
 
 @njit(parallel=True, **opts)
 def rounded8_parallel(
     codes: Codes8,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     xq: Int8Array,
     xd: Float32Array,
@@ -384,8 +385,8 @@ def rounded8_parallel(
     group: int,
     y: Float32Array,
 ) -> None:
-    for c in prange(scale.shape[0]):
-        chunk8(codes[c], scale[c], low_part(low, c), xq, xd, xs, group, y[c])
+    for c in prange(codes.shape[0]):
+        chunk8(codes[c], meta_part(scale, c), meta_part(low, c), xq, xd, xs, group, y[c])
 
 
 @njit(**opts)
@@ -396,7 +397,7 @@ def _output(codes: Codes4 | Codes8, x: Float32Array) -> Float32Array:
 @njit(**opts)
 def serial4(
     codes: Codes4,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     x: Float32Array,
     act_group: int,
@@ -411,7 +412,7 @@ def serial4(
 @njit(**opts)
 def serial8(
     codes: Codes8,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     x: Float32Array,
     act_group: int,
@@ -426,7 +427,7 @@ def serial8(
 @njit(**opts)
 def parallel4(
     codes: Codes4,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     x: Float32Array,
     act_group: int,
@@ -441,7 +442,7 @@ def parallel4(
 @njit(**opts)
 def parallel8(
     codes: Codes8,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     x: Float32Array,
     act_group: int,
@@ -456,7 +457,7 @@ def parallel8(
 @njit(**opts)
 def serial4_bf16(
     codes: Codes4,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     bits: Bf16Array,
     act_group: int,
@@ -469,7 +470,7 @@ def serial4_bf16(
 @njit(**opts)
 def serial8_bf16(
     codes: Codes8,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     bits: Bf16Array,
     act_group: int,
@@ -482,7 +483,7 @@ def serial8_bf16(
 @njit(**opts)
 def parallel4_bf16(
     codes: Codes4,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     bits: Bf16Array,
     act_group: int,
@@ -496,7 +497,7 @@ def parallel4_bf16(
 @njit(**opts)
 def parallel8_bf16(
     codes: Codes8,
-    scale: MetaArray,
+    scale: Scales,
     low: Offsets,
     bits: Bf16Array,
     act_group: int,
@@ -508,9 +509,7 @@ def parallel8_bf16(
 
 
 @njit(**opts)
-def dequantize4(
-    codes: Codes4, scale: MetaArray, low: Offsets, group: int, out: Float32Array
-) -> None:
+def dequantize4(codes: Codes4, scale: Scales, low: Offsets, group: int, out: Float32Array) -> None:
     """One chunk of 4-bit codes [Nc/16, K/32, 256] -> float32 W.T [K, Nc]."""
     tiles, groups = codes.shape[0], codes.shape[1]
     for t in range(tiles):
@@ -520,7 +519,7 @@ def dequantize4(
             for j in range(8):
                 for n in range(TILE):
                     col = t * TILE + n
-                    s = as_f32(scale[t, g, n])
+                    s = scale_at(scale, t, g, n)
                     lo = low_at(low, t, g, n, s)
                     for e in range(2):
                         # int32 before float: numba widens integer ops to int64, which AVX2
@@ -532,9 +531,7 @@ def dequantize4(
 
 
 @njit(**opts)
-def dequantize8(
-    codes: Codes8, scale: MetaArray, low: Offsets, group: int, out: Float32Array
-) -> None:
+def dequantize8(codes: Codes8, scale: Scales, low: Offsets, group: int, out: Float32Array) -> None:
     """One chunk of 8-bit codes [Nc/16, K/A, 16 A] -> float32 W.T [K, Nc]."""
     tiles, groups = codes.shape[0], codes.shape[1]
     a = out.shape[0] // groups
@@ -548,6 +545,6 @@ def dequantize8(
                         for e in range(4):
                             kk = b * a + 4 * j + e
                             q = np.float32(np.int32(v[32 * (2 * j + h) + 4 * n + e]))
-                            s = as_f32(scale[t, kk // group, col])
+                            s = scale_at(scale, t, kk // group, col)
                             lo = low_at(low, t, kk // group, col, s)
                             out[kk, t * TILE + col] = s * q + lo

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Generic, Protocol, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -41,23 +41,35 @@ from numba import types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
+from kvscope.kernels.cpu_meta import Offsets, Scales
+from kvscope.kernels.cpu_meta_ir import (
+    F32,
+    I8,
+    I16,
+    I32,
+    PINNED,
+    TargetContext,
+    array_data,
+    broadcast,
+    load,
+    low16,
+    scale16,
+    vec,
+)
+
 if TYPE_CHECKING:
     from numba.core.extending import _Intrinsic
     from numba.core.typing.context import BaseContext as TypingContext
     from numba.core.typing.templates import Signature
 
-I1, I8, I16, I32, F32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 ISA_ENV = "KVSCOPE_CPU_SIMD"  # "generic" forces the portable IR (tests compare both)
 
 # The arrays the kernels take: 4-bit codes (uint8) or centred 8-bit ones (int8); activations
-# rounded to int8 with their float32 scales and sums; a tile's scales and offsets, float32 or
-# float16 bits (uint16) where every one is exactly a float16. The offsets of a symmetric format
-# are no array (kernels/cpu_gemv.py's `low`): a float32 multiple m of the scale, or None for 0.
+# rounded to int8 with their float32 scales and sums; a tile's scales and offsets in their forms
+# (kernels/cpu_meta.py).
 CodeArray: TypeAlias = npt.NDArray[np.uint8] | npt.NDArray[np.int8]
 Int8Array: TypeAlias = npt.NDArray[np.int8]
 Float32Array: TypeAlias = npt.NDArray[np.float32]
-MetaArray: TypeAlias = npt.NDArray[np.float32] | npt.NDArray[np.uint16]
-Offsets: TypeAlias = MetaArray | np.float32 | None
 
 # A tile intrinsic as jitted code calls it (see `_tile_kernel`); offsets count elements.
 TileKernel: TypeAlias = Callable[
@@ -71,7 +83,7 @@ TileKernel: TypeAlias = Callable[
         Float32Array,  # xs
         int,  # their offset
         int,  # their row stride
-        MetaArray,  # scale
+        Scales,  # scale
         Offsets,  # low
         int,  # their offset
         Float32Array,  # y
@@ -80,21 +92,6 @@ TileKernel: TypeAlias = Callable[
     ],
     None,
 ]
-
-
-class _ArrayStruct(Protocol):
-    data: ir.Value  # the pointer to the array's first element
-
-
-class TargetContext(Protocol):
-    """What the code generators use of numba's target context (numba.core.base.BaseContext,
-    which is unannotated)."""
-
-    def make_array(
-        self, typ: types.Type
-    ) -> Callable[[TargetContext, ir.IRBuilder, ir.Value], _ArrayStruct]: ...
-
-    def get_dummy_value(self) -> ir.Value: ...
 
 
 # An intrinsic's code generator: its typing function gives numba the call's signature and this.
@@ -134,16 +131,12 @@ def isa() -> str:
 AVX2 = isa() == "avx2"
 
 
-def _vec(n: int, t: ir.Type) -> ir.VectorType:
-    return ir.VectorType(t, n)
-
-
 def _splat(t: ir.Type, n: int, value: int) -> ir.Constant:
-    return ir.Constant(_vec(n, t), [value] * n)
+    return ir.Constant(vec(n, t), [value] * n)
 
 
 def _lanes(n: int, start: int = 0, step: int = 1) -> ir.Constant:
-    return ir.Constant(_vec(n, I32), list(range(start, start + n * step, step)))
+    return ir.Constant(vec(n, I32), list(range(start, start + n * step, step)))
 
 
 # numba's (unannotated): the declaration of LLVM function `name` in a module, added once
@@ -160,23 +153,23 @@ def _call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.
 def _maddubs(b: ir.IRBuilder, u: ir.Value, s: ir.Value, x86: bool) -> ir.Value:
     """u (unsigned) x s (signed) bytes, adjacent products summed: <16 x i16>."""
     if x86:
-        return _call(b, "llvm.x86.avx2.pmadd.ub.sw", _vec(16, I16), [u, s])
-    p = b.mul(b.zext(u, _vec(32, I16)), b.sext(s, _vec(32, I16)))  # our sums never saturate
+        return _call(b, "llvm.x86.avx2.pmadd.ub.sw", vec(16, I16), [u, s])
+    p = b.mul(b.zext(u, vec(32, I16)), b.sext(s, vec(32, I16)))  # our sums never saturate
     return b.add(b.shuffle_vector(p, p, _lanes(16, 0, 2)), b.shuffle_vector(p, p, _lanes(16, 1, 2)))
 
 
 def _madd_ones(b: ir.IRBuilder, p: ir.Value, x86: bool) -> ir.Value:
     """<16 x i16> -> <8 x i32>, adjacent lanes summed."""
     if x86:
-        return _call(b, "llvm.x86.avx2.pmadd.wd", _vec(8, I32), [p, _splat(I16, 16, 1)])
-    even = b.sext(b.shuffle_vector(p, p, _lanes(8, 0, 2)), _vec(8, I32))
-    return b.add(even, b.sext(b.shuffle_vector(p, p, _lanes(8, 1, 2)), _vec(8, I32)))
+        return _call(b, "llvm.x86.avx2.pmadd.wd", vec(8, I32), [p, _splat(I16, 16, 1)])
+    even = b.sext(b.shuffle_vector(p, p, _lanes(8, 0, 2)), vec(8, I32))
+    return b.add(even, b.sext(b.shuffle_vector(p, p, _lanes(8, 1, 2)), vec(8, I32)))
 
 
 def _sign(b: ir.IRBuilder, x: ir.Value, w: ir.Value, x86: bool) -> ir.Value:
     """x where w > 0, -x where w < 0, 0 where w == 0 (bytes)."""
     if x86:
-        return _call(b, "llvm.x86.avx2.psign.b", _vec(32, I8), [x, w])
+        return _call(b, "llvm.x86.avx2.psign.b", vec(32, I8), [x, w])
     zero = _splat(I8, 32, 0)
     signed = b.select(b.icmp_signed("<", w, zero), b.sub(zero, x), x)
     return b.select(b.icmp_signed("==", w, zero), zero, signed)
@@ -187,59 +180,9 @@ def _abs(b: ir.IRBuilder, w: ir.Value) -> ir.Value:
     return b.select(b.icmp_signed("<", w, zero), b.sub(zero, w), w)  # -128 stays 0x80: 128
 
 
-def _data(context: TargetContext, b: ir.IRBuilder, aryty: types.Type, ary: ir.Value) -> ir.Value:
-    return context.make_array(aryty)(context, b, ary).data
-
-
-def _load(b: ir.IRBuilder, base: ir.Value, offset: int | ir.Value, t: ir.Type) -> ir.Value:
-    off = ir.Constant(I32, offset) if isinstance(offset, int) else offset
-    return b.load(b.bitcast(b.gep(base, [off]), t.as_pointer()), align=1)
-
-
-def _broadcast(b: ir.IRBuilder, value: ir.Value, n: int) -> ir.Value:
-    vec = b.insert_element(ir.Constant(_vec(n, value.type), None), value, ir.Constant(I32, 0))
-    return b.shuffle_vector(vec, vec, ir.Constant(_vec(n, I32), [0] * n))
-
-
-def _meta16(b: ir.IRBuilder, aryty: types.Array, base: ir.Value, offset: ir.Value) -> ir.Value:
-    """16 scales or offsets as float32: float16 bits (uint16) widened, or float32 as they are."""
-    if aryty.dtype == types.uint16:
-        bits = _load(b, base, offset, _vec(16, I16))
-        return b.fpext(b.bitcast(bits, _vec(16, ir.HalfType())), _vec(16, F32))
-    return _load(b, base, offset, _vec(16, F32))
-
-
-# The float arithmetic of a tile's sums, in a fixed order: y + d (scale sums), then + low s, each
-# a multiply-add (llvm.fmuladd: one rounding where the CPU has FMA). numba's fastmath pass gives
-# every float instruction without flags all of them, and LLVM then orders the sum as the IR
-# around it suggests, so offsets derived as m * scale and the same offsets stored could round
-# apart. "contract" alone keeps an instruction out of that pass and lets nothing reorder it. The
-# order is the one LLVM chose for stored offsets (AVX-512 and AVX2), whose results stay as they
-# were.
-PINNED = ["contract"]
-
-
 def _fmuladd(b: ir.IRBuilder, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
     """x * y + z, <16 x float> (see PINNED)."""
     return _call(b, "llvm.fmuladd.v16f32", x.type, [x, y, z])
-
-
-def _low16(
-    context: TargetContext,
-    b: ir.IRBuilder,
-    lowty: types.Type,
-    low: ir.Value,
-    offset: ir.Value,
-    scale16: ir.Value,
-) -> ir.Value | None:
-    """A tile's 16 offsets as float32: loaded from an array (as `_meta16`), or a float32
-    multiplier times the scales (exact where the layout chose it: kernels/cpu_gemv.py), or
-    None where the offsets are 0 (no term to add)."""
-    if isinstance(lowty, types.Array):
-        return _meta16(b, lowty, _data(context, b, lowty, low), offset)
-    if lowty == types.float32:
-        return b.fmul(scale16, _broadcast(b, low, 16), flags=PINNED)
-    return None
 
 
 def _tile_kernel(rows: int, body: TileBody) -> TileKernel:
@@ -249,7 +192,8 @@ def _tile_kernel(rows: int, body: TileBody) -> TileKernel:
     Arguments (flat 1-D arrays and element offsets): codes, code offset, xq, xq offset, xq row
     stride, xd, xs, their offset, their row stride, scale, low, their offset, y, y offset, y
     row stride. `low` is an array as `scale` is, or a float32 m for offsets m * scale, or None
-    for offsets of 0 (the term is then left out)."""
+    for offsets of 0 (the term is then left out); or both are super-block tuples (their 16
+    float32 values of a group: kernels/cpu_meta_ir.py)."""
 
     @CalledAs[TileKernel]()
     @intrinsic
@@ -271,7 +215,9 @@ def _tile_kernel(rows: int, body: TileBody) -> TileKernel:
         yo: types.Type,
         ystep: types.Type,
     ) -> tuple[Signature, Codegen] | None:
-        if not isinstance(low, types.Array | types.NoneType) and low != types.float32:
+        if not isinstance(low, types.Array | types.Tuple | types.NoneType) and (
+            low != types.float32
+        ):
             return None  # numba says no implementation takes these arguments
         sig = types.void(codes, co, xq, xo, xstep, xd, xs, do, dstep, scale, low, wo, y, yo, ystep)
 
@@ -279,28 +225,28 @@ def _tile_kernel(rows: int, body: TileBody) -> TileKernel:
             context: TargetContext, b: ir.IRBuilder, signature: Signature, args: Sequence[ir.Value]
         ) -> ir.Value:
             at = signature.args
-            code_base = b.gep(_data(context, b, at[0], args[0]), [args[1]])
-            x_base = b.gep(_data(context, b, at[2], args[2]), [args[3]])
+            code_base = b.gep(array_data(context, b, at[0], args[0]), [args[1]])
+            x_base = b.gep(array_data(context, b, at[2], args[2]), [args[3]])
             xstep_v, dstep_v, ystep_v = args[4], args[8], args[14]
             xrows = [
                 b.gep(x_base, [b.mul(xstep_v, ir.Constant(xstep_v.type, r))]) for r in range(rows)
             ]
             sums = body(b, code_base, xrows)
-            d_base = b.gep(_data(context, b, at[5], args[5]), [args[7]])
-            s_base = b.gep(_data(context, b, at[6], args[6]), [args[7]])
-            scale16 = _meta16(b, at[9], _data(context, b, at[9], args[9]), args[11])
-            low16 = _low16(context, b, at[10], args[10], args[11], scale16)
-            y_base = b.gep(_data(context, b, at[12], args[12]), [args[13]])
+            d_base = b.gep(array_data(context, b, at[5], args[5]), [args[7]])
+            s_base = b.gep(array_data(context, b, at[6], args[6]), [args[7]])
+            scales = scale16(context, b, at[9], args[9], args[11])
+            offsets = low16(context, b, at[10], args[10], args[11], scales)
+            y_base = b.gep(array_data(context, b, at[12], args[12]), [args[13]])
             for r in range(rows):
                 at_r = b.mul(dstep_v, ir.Constant(dstep_v.type, r))
-                d = _broadcast(b, b.load(b.gep(d_base, [at_r])), 16)
-                total = b.sitofp(sums[r], _vec(16, F32))
+                d = broadcast(b, b.load(b.gep(d_base, [at_r])), 16)
+                total = b.sitofp(sums[r], vec(16, F32))
                 y_at = b.mul(ystep_v, ir.Constant(ystep_v.type, r))
-                ptr = b.bitcast(b.gep(y_base, [y_at]), _vec(16, F32).as_pointer())
-                acc = _fmuladd(b, d, b.fmul(total, scale16, flags=PINNED), b.load(ptr, align=4))
-                if low16 is not None:
-                    s = _broadcast(b, b.load(b.gep(s_base, [at_r])), 16)
-                    acc = _fmuladd(b, low16, s, acc)
+                ptr = b.bitcast(b.gep(y_base, [y_at]), vec(16, F32).as_pointer())
+                acc = _fmuladd(b, d, b.fmul(total, scales, flags=PINNED), b.load(ptr, align=4))
+                if offsets is not None:
+                    s = broadcast(b, b.load(b.gep(s_base, [at_r])), 16)
+                    acc = _fmuladd(b, offsets, s, acc)
                 b.store(acc, ptr, align=4)
             return context.get_dummy_value()
 
@@ -315,18 +261,18 @@ def _sums4(rows: int, x86: bool) -> TileBody:
         # int16 sums of 16 elements each
         halves: list[list[ir.Value | None]] = [[None, None] for _ in range(rows)]
         for j in range(8):
-            v = _load(b, codes, 32 * j, _vec(32, I8))
+            v = load(b, codes, 32 * j, vec(32, I8))
             lo, hi = b.and_(v, nibble), b.and_(b.lshr(v, four), nibble)
             for r in range(rows):
-                pair_a = _broadcast(b, _load(b, xrows[r], 4 * j, I16), 16)
-                pair_b = _broadcast(b, _load(b, xrows[r], 4 * j + 2, I16), 16)
+                pair_a = broadcast(b, load(b, xrows[r], 4 * j, I16), 16)
+                pair_b = broadcast(b, load(b, xrows[r], 4 * j + 2, I16), 16)
                 p = b.add(
-                    _maddubs(b, lo, b.bitcast(pair_a, _vec(32, I8)), x86),
-                    _maddubs(b, hi, b.bitcast(pair_b, _vec(32, I8)), x86),
+                    _maddubs(b, lo, b.bitcast(pair_a, vec(32, I8)), x86),
+                    _maddubs(b, hi, b.bitcast(pair_b, vec(32, I8)), x86),
                 )
                 h = halves[r][j // 4]
                 halves[r][j // 4] = p if h is None else b.add(h, p)
-        wide = _vec(16, I32)
+        wide = vec(16, I32)
         return [b.add(b.sext(lo, wide), b.sext(hi, wide)) for lo, hi in halves]
 
     return body
@@ -337,12 +283,12 @@ def _sums8(rows: int, act_group: int, x86: bool) -> TileBody:
         # int32 sums of columns 0-7 and 8-15
         halves: list[list[ir.Value | None]] = [[None, None] for _ in range(rows)]
         for j in range(act_group // 4):
-            quads = [_broadcast(b, _load(b, xrows[r], 4 * j, I32), 8) for r in range(rows)]
+            quads = [broadcast(b, load(b, xrows[r], 4 * j, I32), 8) for r in range(rows)]
             for h in range(2):
-                w = _load(b, codes, 32 * (2 * j + h), _vec(32, I8))
+                w = load(b, codes, 32 * (2 * j + h), vec(32, I8))
                 magnitude = _abs(b, w)
                 for r in range(rows):
-                    x = _sign(b, b.bitcast(quads[r], _vec(32, I8)), w, x86)
+                    x = _sign(b, b.bitcast(quads[r], vec(32, I8)), w, x86)
                     p = _madd_ones(b, _maddubs(b, magnitude, x, x86), x86)
                     halves[r][h] = p if halves[r][h] is None else b.add(halves[r][h], p)
         return [b.shuffle_vector(lo, hi, _lanes(16)) for lo, hi in halves]
@@ -368,22 +314,26 @@ tile8_block_32, tile8_row_32 = _chosen["tile8_block_32"], _chosen["tile8_row_32"
 tile8_block_16, tile8_row_16 = _chosen["tile8_block_16"], _chosen["tile8_row_16"]
 
 
-@CalledAs[Callable[[npt.NDArray[np.generic] | Offsets, int], None]]()
+@CalledAs[Callable[[npt.NDArray[np.generic] | Scales | Offsets, int], None]]()
 @intrinsic
 def prefetch(
     typingctx: TypingContext, ary: types.Type, index: types.Type
 ) -> tuple[Signature, Codegen]:
     """Ask for element `index` of `ary`'s buffer to be brought into cache (a hint: no fault,
     no result). For reads the hardware prefetcher does not see coming: paged K/V, block by
-    block. Offsets that are no array (a multiplier or None: `Offsets`) have nothing to fetch."""
+    block. Offsets that are no array (a multiplier or None: `Offsets`) have nothing to fetch; a
+    super-block tuple's first array (the sub-scales or sub-mins) is fetched."""
     sig = types.void(ary, index)
 
     def codegen(
         context: TargetContext, b: ir.IRBuilder, signature: Signature, args: Sequence[ir.Value]
     ) -> ir.Value:
-        if not isinstance(signature.args[0], types.Array):
+        aryty, value = signature.args[0], args[0]
+        if isinstance(aryty, types.Tuple):
+            aryty, value = aryty.types[0], b.extract_value(value, 0)
+        if not isinstance(aryty, types.Array):
             return context.get_dummy_value()
-        pointer = b.gep(_data(context, b, signature.args[0], args[0]), [args[1]])
+        pointer = b.gep(array_data(context, b, aryty, value), [args[1]])
         i8p = b.bitcast(pointer, I8.as_pointer())
         # read, keep in all cache levels, data cache
         hint = [ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)]

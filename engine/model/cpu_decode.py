@@ -201,7 +201,9 @@ class FusedCpuDecode:
             for p in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 for mat in p.matrices:
                     w = mat.w
-                    kind = (w.bits, w.codes.dtype, w.codes.ndim, w.scale.dtype, type(w.low))
+                    # super-block scales (a tuple) come in one pair of types
+                    scales = w.scale.dtype if isinstance(w.scale, np.ndarray) else type(w.scale)
+                    kind = (w.bits, w.codes.dtype, w.codes.ndim, scales, type(w.low))
                     if kind in seen:
                         continue
                     seen.add(kind)

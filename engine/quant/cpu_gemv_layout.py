@@ -3,16 +3,19 @@ built from the packed format chunk by chunk, with no second copy of the codes ke
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
+import torch
 
 from kvscope.engine.quant.packed_readers import codes_of, group_scales_of
 from kvscope.kernels import cpu_gemv
+from kvscope.kernels.cpu_meta import (
+    SUB_GROUPS,
+    SUPER_KINDS,
+    Offsets,
+    SuperOffsets,
+    SuperScales,
+)
 from kvscope.kernels.quant_format import QuantizedTensor
-
-if TYPE_CHECKING:
-    from kvscope.kernels.cpu_simd import Offsets  # imports numba: for the annotations only
 
 
 def gemv_layout(w: QuantizedTensor) -> cpu_gemv.QuantizedCodesT:
@@ -21,8 +24,10 @@ def gemv_layout(w: QuantizedTensor) -> cpu_gemv.QuantizedCodesT:
     g = w.group_size
     chunks, width = cpu_gemv.chunking(n)
     tiles = width // cpu_gemv.TILE
-    scale = np.zeros((chunks, tiles, k // g, cpu_gemv.TILE), np.float32)
-    low = np.zeros_like(scale)
+    super_blocks = _keeps_super_blocks(w)
+    if not super_blocks:
+        scale = np.zeros((chunks, tiles, k // g, cpu_gemv.TILE), np.float32)
+        low = np.zeros_like(scale)
     a = min(g, cpu_gemv.ACT_GROUP)  # an 8-bit tile's depth: one activation group
     if w.bits == 4:
         codes = np.zeros((chunks, tiles, k // 32, 256), np.uint8)
@@ -48,9 +53,13 @@ def gemv_layout(w: QuantizedTensor) -> cpu_gemv.QuantizedCodesT:
             t = np.zeros((k, width), np.int8)
             t[:, :count] = (codes_of(w, rows).astype(np.int16) - centre).astype(np.int8).T
             codes[c] = _tiles8(t, a)
-        s, m = group_scales_of(w, rows)
-        scale[c] = _tiles_of_columns(s, width)
-        low[c] = _tiles_of_columns(m + centre * s, width)
+        if not super_blocks:
+            s, m = group_scales_of(w, rows)
+            scale[c] = _tiles_of_columns(s, width)
+            low[c] = _tiles_of_columns(m + centre * s, width)
+    if super_blocks:
+        scales, parts = _super_blocks(w, chunks, width, centre)
+        return cpu_gemv.QuantizedCodesT(codes, scales, parts, g, w.bits, n)
     offsets = _offsets(scale, low)
     kept = [scale] + ([low] if offsets is low else [])
     if w.kind in cpu_gemv.HALF_KINDS and all(_is_half(values) for values in kept):
@@ -59,11 +68,46 @@ def gemv_layout(w: QuantizedTensor) -> cpu_gemv.QuantizedCodesT:
     return cpu_gemv.QuantizedCodesT(codes, scale, offsets, g, w.bits, n)
 
 
-def _tiles_of_columns(values: np.ndarray, width: int) -> np.ndarray:
+def _keeps_super_blocks(w: QuantizedTensor) -> bool:
+    """Whether `w`'s layout keeps its file's super-blocks (kernels/cpu_gemv.py's module doc):
+    float16 d and dmin, byte-sized sub-scales and sub-mins of SUB_GROUPS groups each."""
+    return (
+        w.kind in SUPER_KINDS
+        and w.super_group_size == SUB_GROUPS * w.group_size
+        and w.d.dtype == w.dmin.dtype == torch.float16
+        and w.sub_scale is not None
+        and w.sub_min is not None
+        and all(int(part.min()) >= 0 for part in (w.sub_scale, w.sub_min))
+    )
+
+
+def _super_blocks(
+    w: QuantizedTensor, chunks: int, width: int, centre: int
+) -> tuple[SuperScales, SuperOffsets]:
+    """(sc, d) and (m, dmin, c) of kernels/cpu_gemv.py's layout, each [C, Nc/16, groups, 16]."""
+    assert w.sub_scale is not None and w.sub_min is not None  # _keeps_super_blocks
+    parts = []
+    for per_column in (
+        w.sub_scale.numpy().astype(np.uint8),  # 6-bit: >= 0 (_keeps_super_blocks)
+        w.d.view(torch.int16).numpy().view(np.uint16),
+        w.sub_min.numpy().astype(np.uint8),
+        w.dmin.view(torch.int16).numpy().view(np.uint16),
+    ):
+        out = np.zeros((chunks, width // 16, per_column.shape[1], 16), per_column.dtype)
+        for c in range(chunks):
+            columns = per_column[c * width : (c + 1) * width]
+            out[c] = _tiles_of_columns(columns, width, per_column.dtype)
+        parts.append(out)
+    return (parts[0], parts[1]), (parts[2], parts[3], np.float32(centre))
+
+
+def _tiles_of_columns(
+    values: np.ndarray, width: int, dtype: np.dtype | type = np.float32
+) -> np.ndarray:
     """Per-column group values [count, K/G] -> [Nc/16, K/G, 16], zero-padded: a tile's scales
     for its whole K in one run, read in step with its codes."""
     count, groups = values.shape
-    out = np.zeros((groups, width), np.float32)
+    out = np.zeros((groups, width), dtype)
     out[:, :count] = values.T
     return out.reshape(groups, width // 16, 16).transpose(1, 0, 2)
 

@@ -77,6 +77,13 @@ def test_kernel_matches_dequantized_reference(kind, rows):
 @pytest.mark.parametrize("kind", [*QUANT_TYPES, "int4", "int8"])
 def test_scales_are_float16_only_where_that_is_exact(kind):
     g = gemv_layout(_weight(kind))
+    if (
+        kind in cpu_gemv.SUPER_KINDS
+    ):  # the file's parts (tests/engine/quant/test_cpu_gemv_layout.py)
+        (sc, d), (m, dmin, _) = g.scale, g.low
+        assert (sc.dtype, d.dtype, m.dtype, dmin.dtype) == (np.uint8, np.uint16) * 2
+        assert g.width == sc.shape[1] * cpu_gemv.TILE == g.codes.shape[1] * cpu_gemv.TILE
+        return
     half = kind in cpu_gemv.HALF_KINDS
     assert g.scale.dtype == (np.uint16 if half else np.float32)
     # a symmetric format's offsets are no array (tests/engine/quant/test_cpu_gemv_layout.py)

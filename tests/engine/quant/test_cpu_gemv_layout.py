@@ -1,12 +1,15 @@
 """numba's layout built from the packed format (engine/quant/cpu_gemv_layout.py): a symmetric
 format keeps no offsets, and the kernels' m * scale gives every product bit for bit as offsets
-stored as an array do, and the layout holds no more bytes than the file."""
+stored as an array do, and the layout holds no more bytes than the file; the K-quants keep their
+super-blocks, and the kernels' d * sc and dmin * m + c * scale give every product bit for bit
+as the float32 scales and offsets they replace."""
 
 import gguf
 import numpy as np
 import pytest
 from tiny_models import random_quant_blocks
 
+from kvscope.engine.quant import cpu_gemv_layout
 from kvscope.engine.quant.cpu_gemv_layout import gemv_layout
 from kvscope.engine.quant.gguf_blocks import decode_blocks, to_quantized_tensor
 from kvscope.kernels import cpu_decode, cpu_gemv
@@ -40,9 +43,11 @@ def _stored(g: cpu_gemv.QuantizedCodesT) -> cpu_gemv.QuantizedCodesT:
     return cpu_gemv.QuantizedCodesT(g.codes, scale, low, g.group, g.bits, g.n)
 
 
-def _same_results(g: cpu_gemv.QuantizedCodesT, rows: int) -> None:
-    """Every kernel reading g gives exactly what it gives reading `_stored(g)`."""
-    stored = _stored(g)
+def _same_results(
+    g: cpu_gemv.QuantizedCodesT, rows: int, stored: cpu_gemv.QuantizedCodesT | None = None
+) -> None:
+    """Every kernel reading g gives exactly what it gives reading `stored` (`_stored(g)`)."""
+    stored = _stored(g) if stored is None else stored
     x = np.random.default_rng(rows).standard_normal((rows, g.k)).astype(np.float32)
     bits = (x.view(np.uint32) >> 16).astype(np.uint16)
     for threads in (1, 2):
@@ -73,7 +78,6 @@ def _same_results(g: cpu_gemv.QuantizedCodesT, rows: int) -> None:
         ("Q5_0", None),
         ("Q6_K", None),
         ("Q4_1", "array"),
-        ("Q4_K", "array"),
     ],
 )
 @pytest.mark.parametrize("rows", [1, 4, 16, 64])
@@ -116,3 +120,31 @@ def test_an_all_zero_matrix_keeps_no_offsets():
     g = _layout("Q4_0", raw)
     assert g.low is None
     _same_results(g, 4)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("rows", [1, 4, 16, 64])
+def test_super_blocks_give_the_float32_scales_results(kind, rows, monkeypatch):
+    raw = random_quant_blocks(kind, N_ROWS, K_COLS, seed=rows)
+    g = _layout(kind, raw)
+    assert isinstance(g.scale, tuple) and isinstance(g.low, tuple)
+    with monkeypatch.context() as patched:  # the layout as it was: float32 per group
+        patched.setattr(cpu_gemv_layout, "_keeps_super_blocks", lambda w: False)
+        float32_scales = _layout(kind, raw)
+    assert float32_scales.scale.dtype == np.float32 and isinstance(float32_scales.low, np.ndarray)
+    _same_results(g, rows, float32_scales)
+
+
+@pytest.mark.parametrize(("kind", "file_bytes"), [("Q4_K", 144), ("Q5_K", 176)])
+def test_super_blocks_hold_about_the_files_bytes(kind, file_bytes):
+    """Per 256 weights of a column: the codes, a byte sc and m per 32 and float16 d and dmin:
+    Q4_K 148 bytes where the file holds 144 (5-bit Q5_K's codes widened to bytes: 276 to 176)."""
+    n = 256
+    raw = random_quant_blocks(kind, n, K_COLS, seed=3)
+    assert raw.nbytes == n * K_COLS // 256 * file_bytes
+    g = _layout(kind, raw, n=n)
+    assert g.nbytes == cpu_gemv.layout_bytes(n, K_COLS, g.bits, 32, kind)
+    codes = n * K_COLS * g.bits // 8
+    assert g.nbytes == codes + n * K_COLS // 256 * (8 + 8 + 2 + 2)
+    if kind == "Q4_K":
+        assert g.nbytes * 144 == raw.nbytes * 148
