@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 LOCK_NAME = "kvscope-numba-cache.lock"  # in the cache folder, beside numba's own files
 # A lock held this long belongs to a process stuck mid-write: go on without the cache (a load
-# compiles instead, a save is skipped) rather than stall a launch behind it.
+# compiles instead, a save is skipped) rather than stall a launch behind it. So too where the
+# lock file cannot be made (a cache folder turned read-only).
 LOCK_WAIT_S = 60.0
 
 
@@ -46,8 +47,8 @@ class GuardedFunctionCache(FunctionCache):
         try:
             with self._lock.acquire(timeout=LOCK_WAIT_S):
                 cres = super().load_overload(sig, target_context)  # type: ignore[no-untyped-call]
-        except filelock.Timeout:
-            logger.warning("numba's cache is locked by a stuck process; compiling instead")
+        except (filelock.Timeout, OSError) as e:
+            logger.warning("numba's cache cannot be read (%s); compiling instead", e)
             return None
         if cres is None:
             return None
@@ -68,8 +69,8 @@ class GuardedFunctionCache(FunctionCache):
         try:
             with self._lock.acquire(timeout=LOCK_WAIT_S):
                 super().save_overload(sig, data)  # type: ignore[no-untyped-call]
-        except filelock.Timeout:
-            logger.warning("numba's cache is locked by a stuck process; not saving %s", self._name)
+        except (filelock.Timeout, OSError) as e:
+            logger.warning("numba's cache cannot be written (%s); not saving %s", e, self._name)
 
 
 def guard(module: ModuleType, cache_folder: Path) -> int:

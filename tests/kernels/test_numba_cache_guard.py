@@ -139,3 +139,32 @@ def test_the_cpu_kernels_load_through_the_guard() -> None:
         assert kernels, module.__name__
         unguarded = [k for k in kernels if not isinstance(k._cache, GuardedFunctionCache)]
         assert not unguarded, unguarded
+
+
+def test_a_lock_file_that_cannot_be_made_costs_the_cache_not_the_call(tmp_path: Path) -> None:
+    """Where the lock cannot be taken (here a folder sits at its path), the kernels still run:
+    compiled, not loaded, and not saved."""
+    from kvscope.kernels.numba_cache_guard import LOCK_NAME
+
+    (tmp_path / "racing.py").write_text(MODULE, encoding="utf-8")
+    (tmp_path / "cache" / LOCK_NAME).mkdir(parents=True)
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from pathlib import Path
+        folder = Path(sys.argv[1])
+        os.environ["NUMBA_CACHE_DIR"] = str(folder / "cache")
+        sys.path.insert(0, str(folder))
+        import racing
+        from kvscope.kernels import numba_cache_guard
+        numba_cache_guard.guard(racing, folder / "cache")
+        print(racing.plus_one(2), racing.plus_one(2.5))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3", "3.5"]
+    assert "cannot be read" in done.stderr and "cannot be written" in done.stderr
+    assert not list((tmp_path / "cache").rglob("*.nbc"))
