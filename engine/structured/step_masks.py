@@ -25,15 +25,8 @@ def bitmask_words(vocab_size: int) -> int:
 
 # A byte of mask bits -> the 8 floats the sampler adds for its tokens: 0.0 where the bit is set,
 # else 0xFF800000, -inf ((bit - 1) * 2**23 as int32).
-_BYTE_TO_FLOATS = (
-    (
-        np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(
-            np.int32
-        )
-        - 1
-    )
-    * 0x800000
-).view(np.float32)
+_BITS_OF_BYTE = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")
+_BYTE_TO_FLOATS = ((_BITS_OF_BYTE.astype(np.int32) - 1) * 0x800000).view(np.float32)
 
 
 @dataclass(frozen=True)
