@@ -6,7 +6,6 @@ vector add per constrained row."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -94,18 +93,3 @@ class StepMasks:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
-
-
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[rows, words] int32 -> [rows, vocab_size] bool: True where the token is allowed."""
-    if sys.byteorder == "little" and bitmask.device.type == "cpu":
-        # Bit i of a little-endian word is bit i % 8 of its byte i // 8: numpy's table-driven
-        # unpack, 4x the shifts below on a 49k vocabulary.
-        bytes_ = bitmask.contiguous().numpy().view(np.uint8)
-        allowed = torch.from_numpy(np.unpackbits(bytes_, axis=1, bitorder="little")).bool()
-    else:
-        shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-        allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1).bool()
-    if allowed.shape[1] < vocab_size:  # logits wider than the tokenizer: the rest is never valid
-        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]))
-    return allowed[:, :vocab_size]

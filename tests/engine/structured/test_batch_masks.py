@@ -103,3 +103,19 @@ def test_a_grammar_that_allows_nothing_fails_its_request_alone() -> None:
     assert isinstance(out[1], ValueError) and "allows no next token" in str(out[1])
     assert out[0].token_id == int(logits[0].argmax())
     assert out[2].token_id == 9
+
+
+def test_a_mask_of_another_width_is_cut_or_padded_to_the_logits() -> None:
+    """Columns past a mask are never allowed; mask columns past the logits are dropped."""
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(3))
+    rows = [SamplingRow(SamplingParams(temperature=0), [], None) for _ in range(2)]
+    narrow = np.zeros(VOCAB - 8, dtype=bool)
+    narrow[5] = True
+    wide = np.zeros(VOCAB + 8, dtype=bool)
+    wide[[11, VOCAB + 2]] = True
+    rows[0].grammar_mask, rows[1].grammar_mask = bitmask(narrow), bitmask(wide)
+    out = Sampler(torch.Generator().manual_seed(0))(logits, rows)
+    assert [r.token_id for r in out] == [5, 11]
+    rows[1].grammar_mask = bitmask(np.arange(VOCAB + 8) >= VOCAB)  # only columns past the logits
+    failed = sample_each(Sampler(torch.Generator().manual_seed(0)), logits, rows)
+    assert isinstance(failed[1], ValueError)

@@ -15,7 +15,6 @@ from kvscope.engine.structured.step_masks import (
     StepMasks,
     bitmask_words,
     token_masks,
-    unpack_bitmask,
 )
 
 
@@ -46,17 +45,28 @@ def test_step_masks_are_the_matchers_own_bitmask(compiler, default_model_lazy):
         assert mask.allows_any == bool(allowed.any())
 
 
-def test_unpacked_bits_name_the_allowed_tokens():
+def test_mask_rows_name_the_allowed_tokens():
     vocab = 70
     allowed = sorted({0, 1, 31, 32, 33, 63, 64, 69})
     words = torch.zeros(1, bitmask_words(vocab), dtype=torch.int64)
     for t in allowed:
         words[0, t // 32] |= 1 << (t % 32)
     bitmask = words.to(torch.int32)  # bit 31 wraps to a negative int32, as llguidance writes it
-    got = unpack_bitmask(bitmask, vocab)[0].nonzero().flatten().tolist()
-    assert got == allowed
+    row = token_masks(bitmask, vocab)[0].additive
+    assert (row == 0).nonzero().flatten().tolist() == allowed
+    assert torch.isneginf(row).sum() == vocab - len(allowed)
     # Logits wider than the tokenizer: the extra columns are never allowed.
-    assert unpack_bitmask(bitmask, 100)[0, 70:].sum() == 0
+    assert torch.isneginf(token_masks(bitmask, 100)[0].additive[70:]).all()
+
+
+def unpack_bitmask(bitmask: torch.Tensor, columns: int) -> torch.Tensor:
+    """The reference: [rows, words] int32 -> [rows, columns] bool by plain shifts, bit i of
+    word w = token 32w+i; columns past the words are never allowed."""
+    shifts = torch.arange(32, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1).bool()
+    if allowed.shape[1] < columns:
+        allowed = torch.nn.functional.pad(allowed, (0, columns - allowed.shape[1]))
+    return allowed[:, :columns]
 
 
 def test_the_compiled_grammar_is_cached_by_its_text(compiler):
